@@ -1,0 +1,29 @@
+"""bpd: blockwise parallel decoding for deep autoregressive models, in JAX/Flax."""
+
+import setuptools
+
+setuptools.setup(
+    name="bpd",
+    version="0.1.0",
+    description="Blockwise parallel decoding (Stern, Shazeer, Uszkoreit 2018) in JAX/Flax.",
+    packages=setuptools.find_packages(include=["bpd", "bpd.*", "configs", "experiments"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.4.30",
+        "flax>=0.8.5",
+        "optax>=0.2.2",
+        "orbax-checkpoint>=0.5.20",
+        "ml-collections>=0.1.1",
+        "absl-py>=1.4",
+        "sacrebleu>=2.3",
+        "sentencepiece>=0.1.99",
+        "tensorflow-datasets>=4.9.4",
+        "importlib_resources>=5.0",  # tfds needs it at import time without TensorFlow
+        "numpy>=1.24",
+        "matplotlib>=3.7",
+        "tensorboardX>=2.6",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6.80", "chex>=0.1.86"],
+    },
+)
