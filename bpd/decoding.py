@@ -1,0 +1,355 @@
+"""Greedy, beam-search and blockwise parallel decoding over a step function. Never imports the model.
+
+The model enters as two plain functions over an opaque per-row state (every leaf has leading dim B):
+
+  score_fn(state, tokens_BxT, start_B) -> (logits_BxTxV, hidden_BxTx..., new_state)
+      Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1 and returns head 1's logits
+      (the scoring model p_1) at each of them. Position 0 holds BOS; the n-th output token sits at
+      position n. A call may overwrite positions a previous call wrote: that is how rejected tokens are
+      rolled back.
+  propose_fn(hidden_Bx...) -> logits_Bx(k-1)xV
+      Heads 2..k at one position per row (the hidden state that score_fn returned for it).
+
+All functions here are pure and traceable: jit the function that calls them (the model's parameters as
+its argument), with k, max_len, the criterion and the special ids static. Every loop is a
+`lax.while_loop`: no host round-trip per step.
+
+Output convention (all three decoders): tokens [B, max_len], the n-th token at index n-1, EOS included,
+0 (padding) after it.
+
+Definitions (DESIGN §2; Stern et al. 2018, §3-§4):
+  mean accepted block size = tokens produced (EOS included, padding excluded) / decoding iterations,
+      both summed over rows (and over the evaluation set by the caller).
+  model invocations = iterations + 1: the combined scoring-and-proposal step verifies block n and
+      proposes block n + 1 in one call; one more call at the start proposes the first block.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import flax
+
+from bpd.errors import UserError
+
+PAD_ID = 0
+
+ScoreFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any, Any]]
+ProposeFn = Callable[[Any], jax.Array]
+
+
+# -- acceptance criteria (paper §5) ------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Criterion:
+  """When the scoring model accepts a proposed token ŷ, given head 1's logits at the position before it.
+
+  kind 'exact': ŷ == argmax p_1 (output identical to greedy decoding).
+  kind 'top_k': ŷ is among the `top_k` most likely tokens of p_1 (paper: top-2 on translation).
+  kind 'distance': |ŷ - argmax p_1| <= `eps`, for ordinal outputs such as pixel intensities (paper: 2).
+  min_block: accept at least this many tokens per iteration whatever the check says (paper §5.3).
+  Hashable, so it can be a static argument of jit.
+  """
+  kind: str = 'exact'
+  top_k: int = 1
+  eps: int = 0
+  min_block: int = 1
+
+  def __str__(self):
+    name = {'exact': 'exact', 'top_k': f'top_k:{self.top_k}', 'distance': f'distance:{self.eps}'}[self.kind]
+    if self.min_block == 1:
+      return name
+    return f'min_block:{self.min_block}' if self.kind == 'exact' else f'{name}+min_block:{self.min_block}'
+
+
+CRITERION_HELP = ("a criterion is 'exact', 'top_k:T' (T >= 1), 'distance:EPS' (EPS >= 0) or 'min_block:L' "
+                  "(1 <= L <= k), or a check and a minimum block joined by '+', e.g. 'top_k:2+min_block:2'")
+
+
+def parse_criterion(spec: str, k: int | None = None) -> Criterion:
+  """Parses 'exact', 'top_k:2', 'distance:2', 'min_block:3', 'top_k:2+min_block:2', ... .
+
+  Raises UserError naming the bad part and the accepted forms. With k given, checks min_block <= k.
+  """
+  kind, top_k, eps, min_block = 'exact', 1, 0, 1
+  seen_check = False
+  for part in [p.strip() for p in str(spec).split('+')]:
+    name, _, arg = part.partition(':')
+    if name == 'exact' and not arg:
+      value = None
+    elif name in ('top_k', 'distance', 'min_block') and arg:
+      try:
+        value = int(arg)
+      except ValueError:
+        raise UserError(f'Criterion {spec!r}: {arg!r} in {part!r} is not an integer; {CRITERION_HELP}.') from None
+    else:
+      raise UserError(f'Unknown criterion {part!r} in {spec!r}: {CRITERION_HELP}.')
+    if name == 'min_block':
+      if value < 1 or (k is not None and value > k):
+        bound = f' and at most k={k}' if k is not None else ''
+        raise UserError(f'Criterion {spec!r}: min_block must be at least 1{bound}, got {value}; '
+                        'a block cannot be longer than the number of heads.')
+      min_block = value
+      continue
+    if seen_check:
+      raise UserError(f'Criterion {spec!r} combines two checks; {CRITERION_HELP}.')
+    seen_check = True
+    if name == 'top_k':
+      if value < 1:
+        raise UserError(f'Criterion {spec!r}: top_k needs T >= 1, got {value} (top_k:1 is exact).')
+      kind, top_k = 'top_k', value
+    elif name == 'distance':
+      if value < 0:
+        raise UserError(f'Criterion {spec!r}: distance needs EPS >= 0, got {value} (distance:0 is exact).')
+      kind, eps = 'distance', value
+  return Criterion(kind=kind, top_k=top_k, eps=eps, min_block=min_block)
+
+
+def accept_mask(criterion: Criterion, proposals_BxN: jax.Array, logits_BxNxV: jax.Array) -> jax.Array:
+  """Whether each proposed token passes the check against head 1's logits at the position before it. [B, N]."""
+  best_BxN = jnp.argmax(logits_BxNxV, axis=-1)
+  if criterion.kind == 'exact':
+    return proposals_BxN == best_BxN
+  if criterion.kind == 'distance':
+    return jnp.abs(proposals_BxN - best_BxN) <= criterion.eps
+  if criterion.kind == 'top_k':
+    # Rank of the proposal with ties broken by index, as argmax breaks them: rank 0 <=> it is the argmax,
+    # so top_k:1 accepts exactly what exact accepts.
+    proposed_BxNx1 = jnp.take_along_axis(logits_BxNxV, proposals_BxN[..., None], axis=-1)
+    vocab_ids = jnp.arange(logits_BxNxV.shape[-1])
+    ahead_BxNxV = (logits_BxNxV > proposed_BxNx1) | (
+        (logits_BxNxV == proposed_BxNx1) & (vocab_ids < proposals_BxN[..., None]))
+    return jnp.sum(ahead_BxNxV, axis=-1) < criterion.top_k
+  raise ValueError(f'unknown criterion kind {criterion.kind!r}')
+
+
+def block_size(criterion: Criterion, checks_BxN: jax.Array) -> jax.Array:
+  """k̂ = 1 + the number of leading passed checks (ŷ_{j+1} always passes: head 1 proposed it), at least
+  criterion.min_block. checks_BxN are the checks of proposals 2..k (N = k - 1). Returns [B] int32."""
+  leading_B = jnp.sum(jnp.cumprod(checks_BxN.astype(jnp.int32), axis=-1), axis=-1)
+  return jnp.maximum(1 + leading_B, criterion.min_block).astype(jnp.int32)
+
+
+# -- greedy ------------------------------------------------------------------------------------------------
+
+def _take_rows(tree, index_B):
+  """Row b of every leaf at index_B[b] along axis 1: [B, T, ...] -> [B, ...]."""
+  return jax.tree.map(lambda x: x[jnp.arange(x.shape[0]), index_B], tree)
+
+
+def _mask_after(tokens_BxL, length_B):
+  """Padding at every index >= length_B[b]."""
+  return jnp.where(jnp.arange(tokens_BxL.shape[1])[None, :] < length_B[:, None], tokens_BxL, PAD_ID)
+
+
+def greedy(score_fn: ScoreFn, state: Any, *, batch_size: int, max_len: int, bos_id: int, eos_id: int):
+  """Greedy decoding with the cached decoder: one token per row per model call.
+
+  Returns (tokens_BxL [B, max_len], length_B [B] tokens produced with EOS, steps: model invocations).
+  """
+  B = batch_size
+
+  def cond(carry):
+    step, _, _, _, done_B, _ = carry
+    return (step < max_len) & ~jnp.all(done_B)
+
+  def body(carry):
+    step, last_B, tokens_BxL, length_B, done_B, state = carry
+    logits_Bx1xV, _, state = score_fn(state, last_B[:, None], jnp.full((B,), step, jnp.int32))
+    next_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
+    tokens_BxL = tokens_BxL.at[:, step].set(jnp.where(done_B, PAD_ID, next_B))
+    length_B = length_B + (~done_B).astype(jnp.int32)
+    done_B = done_B | (next_B == eos_id)
+    return step + 1, next_B, tokens_BxL, length_B, done_B, state
+
+  carry = (jnp.int32(0), jnp.full((B,), bos_id, jnp.int32), jnp.zeros((B, max_len), jnp.int32),
+           jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool), state)
+  steps, _, tokens_BxL, length_B, _, _ = jax.lax.while_loop(cond, body, carry)
+  return tokens_BxL, length_B, steps
+
+
+# -- blockwise parallel decoding (paper §3-§4) -------------------------------------------------------------
+
+@flax.struct.dataclass
+class DecodeState:
+  """The carry of the blockwise loop. j = length_B[b] tokens accepted so far in row b."""
+  model_state: Any            # opaque decoder state (KV cache, encoder keys/values); leaves [B, ...]
+  tokens_BxL: jax.Array       # int32 [B, max_len + k]; indices >= length_B[b] hold stale proposals
+  length_B: jax.Array         # int32 [B]; tokens accepted (EOS included)
+  proposals_BxK: jax.Array    # int32 [B, k]; ŷ_{j+1} .. ŷ_{j+k} for the next iteration
+  done_B: jax.Array           # bool [B]; EOS accepted or max_len reached
+  iterations_B: jax.Array     # int32 [B]; iterations in which row b was still decoding
+  block_counts_BxK: jax.Array  # int32 [B, k]; [b, n-1] = iterations of row b that accepted n tokens
+  step: jax.Array             # int32 []; loop iterations (= model invocations - 1)
+
+
+@flax.struct.dataclass
+class BlockwiseResult:
+  tokens_BxL: jax.Array        # int32 [B, max_len]
+  length_B: jax.Array          # int32 [B]; tokens produced, EOS included
+  iterations_B: jax.Array      # int32 [B]
+  block_counts_BxK: jax.Array  # int32 [B, k]; histogram of accepted block sizes 1..k
+  invocations: jax.Array       # int32 []; model calls for the whole batch (loop iterations + 1)
+
+
+def _proposals(logits_BxV, hidden_Bx___, propose_fn, k):
+  """ŷ_{j+1} from head 1, ŷ_{j+2..j+k} from heads 2..k, all at the last accepted position. [B, k]."""
+  head1_Bx1 = jnp.argmax(logits_BxV, axis=-1)[:, None]
+  if k == 1:
+    return head1_Bx1.astype(jnp.int32)
+  rest_BxKm1 = jnp.argmax(propose_fn(hidden_Bx___), axis=-1)
+  return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1).astype(jnp.int32)
+
+
+def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
+              bos_id: int, eos_id: int, criterion: Criterion = Criterion()) -> BlockwiseResult:
+  """Blockwise parallel decoding with combined scoring and proposal (paper §4).
+
+  One model invocation per iteration: feed ŷ_{j+1..j+k} at positions j+1..j+k; head 1's outputs at
+  positions j+1..j+k-1 verify ŷ_{j+2..j+k}; accept the longest verified prefix (k̂ tokens); the outputs
+  at position j+k̂ (head 1 from this call, heads 2..k projected only there) are the next proposals.
+  Each row accepts its own k̂. The model state needs a cache of at least max_len + k + 1 positions.
+  """
+  B = batch_size
+  if criterion.min_block > k:
+    raise UserError(f'min_block={criterion.min_block} is larger than k={k}: lower min_block or raise k.')
+
+  logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
+  first = DecodeState(
+      model_state=state,
+      tokens_BxL=jnp.zeros((B, max_len + k), jnp.int32),
+      length_B=jnp.zeros((B,), jnp.int32),
+      proposals_BxK=_proposals(logits_Bx1xV[:, 0], _take_rows(hidden, jnp.zeros((B,), jnp.int32)), propose_fn, k),
+      done_B=jnp.zeros((B,), bool),
+      iterations_B=jnp.zeros((B,), jnp.int32),
+      block_counts_BxK=jnp.zeros((B, k), jnp.int32),
+      step=jnp.int32(0))
+
+  def cond(s: DecodeState):
+    return (s.step < max_len) & ~jnp.all(s.done_B)
+
+  def body(s: DecodeState):
+    proposals_BxK = s.proposals_BxK
+    # Verify: position j+i carries ŷ_{j+i}; its head-1 output scores ŷ_{j+i+1}.
+    logits_BxKxV, hidden, model_state = score_fn(s.model_state, proposals_BxK, s.length_B + 1)
+    checks_BxKm1 = accept_mask(criterion, proposals_BxK[:, 1:], logits_BxKxV[:, :-1])
+    k_hat_B = jnp.minimum(block_size(criterion, checks_BxKm1), k)
+    # Stop at the first EOS inside the accepted block, and at max_len.
+    eos_in_block_BxK = (proposals_BxK == eos_id) & (jnp.arange(k)[None, :] < k_hat_B[:, None])
+    has_eos_B = jnp.any(eos_in_block_BxK, axis=1)
+    k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxK, axis=1) + 1, k_hat_B)
+    k_hat_B = jnp.minimum(k_hat_B, max_len - s.length_B)
+    k_hat_B = jnp.where(s.done_B, 0, k_hat_B).astype(jnp.int32)
+    active_B = ~s.done_B
+
+    # Accept: write all k proposals at j; the rejected tail is overwritten next time or masked at the end.
+    tokens_BxL = jax.vmap(lambda row, new, j: jax.lax.dynamic_update_slice(row, new, (j,)))(
+        s.tokens_BxL, proposals_BxK, jnp.minimum(s.length_B, max_len))
+    length_B = s.length_B + k_hat_B
+    last_B = jnp.maximum(k_hat_B - 1, 0)  # index in this block of the last accepted position, j + k̂
+    next_BxK = _proposals(logits_BxKxV[jnp.arange(B), last_B], _take_rows(hidden, last_B), propose_fn, k)
+    return DecodeState(
+        model_state=model_state,
+        tokens_BxL=tokens_BxL,
+        length_B=length_B,
+        proposals_BxK=next_BxK,
+        done_B=s.done_B | has_eos_B | (length_B >= max_len),
+        iterations_B=s.iterations_B + active_B.astype(jnp.int32),
+        block_counts_BxK=s.block_counts_BxK + (
+            active_B[:, None] & (jnp.arange(1, k + 1)[None, :] == k_hat_B[:, None])).astype(jnp.int32),
+        step=s.step + 1)
+
+  s = jax.lax.while_loop(cond, body, first)
+  return BlockwiseResult(
+      tokens_BxL=_mask_after(s.tokens_BxL[:, :max_len], s.length_B),
+      length_B=s.length_B,
+      iterations_B=s.iterations_B,
+      block_counts_BxK=s.block_counts_BxK,
+      invocations=s.step + 1)
+
+
+def summarize(result: BlockwiseResult) -> dict:
+  """Host-side statistics of one decoded batch (sum them over batches, then divide; DESIGN §2)."""
+  tokens = int(jnp.sum(result.length_B))
+  iterations = int(jnp.sum(result.iterations_B))
+  return {
+      'tokens': tokens,
+      'iterations': iterations,
+      'row_invocations': iterations + int(result.length_B.shape[0]),
+      'batch_invocations': int(result.invocations),
+      'mean_accepted_block_size': tokens / max(iterations, 1),
+      'block_size_histogram': [int(c) for c in jnp.sum(result.block_counts_BxK, axis=0)],
+  }
+
+
+# -- beam search (teacher for distillation; style of flax examples/wmt decode.py) ---------------------------
+
+def brevity_penalty(alpha: float, length) -> jax.Array:
+  """Length penalty of Wu et al. 2016: ((5 + length) / 6) ** alpha."""
+  return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, alpha)
+
+
+def beam_search(score_fn: ScoreFn, state: Any, *, batch_size: int, beam_size: int, max_len: int, bos_id: int,
+                eos_id: int, alpha: float = 0.6):
+  """Beam search with a length penalty; `state` has batch_size rows and is tiled to batch_size * beam_size.
+
+  Returns (tokens_BxWxL [B, beam, max_len], scores_BxW), best first; scores are log-probabilities divided by
+  the brevity penalty. Beams that never emit EOS are returned if no beam finished.
+  """
+  B, W = batch_size, beam_size
+  neg_inf = jnp.float32(-1e7)
+  state = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), state)
+  batch_pos_BxW = jnp.arange(B)[:, None] * W
+
+  def gather_beams(x_BxWx___, beam_idx_BxN):
+    return jnp.take_along_axis(x_BxWx___, beam_idx_BxN.reshape(beam_idx_BxN.shape + (1,) * (x_BxWx___.ndim - 2)),
+                               axis=1)
+
+  def cond(c):
+    step, alive_logp_BxW, _, fin_score_BxW, fin_flag_BxW, _, _ = c
+    # Stop once no alive beam can still beat the worst finished beam (its score can only fall with length).
+    best_alive_B = alive_logp_BxW[:, 0] / brevity_penalty(alpha, max_len)
+    worst_fin_B = jnp.min(jnp.where(fin_flag_BxW, fin_score_BxW, neg_inf), axis=1)
+    all_settled = jnp.all(jnp.all(fin_flag_BxW, axis=1) & (worst_fin_B >= best_alive_B))
+    return (step < max_len) & ~all_settled
+
+  def body(c):
+    step, alive_logp_BxW, alive_seq_BxWxL, fin_score_BxW, fin_flag_BxW, fin_seq_BxWxL, state = c
+    last_BxW = jnp.where(step == 0, bos_id, alive_seq_BxWxL[:, :, jnp.maximum(step - 1, 0)])
+    logits, _, state = score_fn(state, last_BxW.reshape(B * W, 1), jnp.full((B * W,), step, jnp.int32))
+    logp_BxWxV = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(B, W, -1)
+    vocab = logp_BxWxV.shape[-1]
+    cand_BxWV = (alive_logp_BxW[:, :, None] + logp_BxWxV).reshape(B, W * vocab)
+    # 2W candidates: enough that W of them are not EOS.
+    top_logp_Bx2W, top_idx_Bx2W = jax.lax.top_k(cand_BxWV, 2 * W)
+    top_beam_Bx2W, top_tok_Bx2W = top_idx_Bx2W // vocab, top_idx_Bx2W % vocab
+    top_seq = gather_beams(alive_seq_BxWxL, top_beam_Bx2W).at[:, :, step].set(top_tok_Bx2W)
+    top_eos_Bx2W = top_tok_Bx2W == eos_id
+
+    alive_cand_Bx2W = jnp.where(top_eos_Bx2W, neg_inf, top_logp_Bx2W)
+    alive_logp_BxW, pick_BxW = jax.lax.top_k(alive_cand_Bx2W, W)
+    alive_seq_BxWxL = gather_beams(top_seq, pick_BxW)
+    origin_BxW = jnp.take_along_axis(top_beam_Bx2W, pick_BxW, axis=1)
+    state = jax.tree.map(lambda x: x[(batch_pos_BxW + origin_BxW).reshape(-1)], state)
+
+    # A hypothesis ends only where its EOS ranks among the W best candidates (as in fairseq): a runner-up
+    # EOS that the beam did not choose is dropped. With W = 1 this makes beam search exactly greedy.
+    ends_Bx2W = top_eos_Bx2W & (jnp.arange(2 * W)[None, :] < W)
+    new_fin_Bx2W = jnp.where(ends_Bx2W, top_logp_Bx2W / brevity_penalty(alpha, step + 1), neg_inf)
+    all_score = jnp.concatenate([fin_score_BxW, new_fin_Bx2W], axis=1)
+    all_flag = jnp.concatenate([fin_flag_BxW, ends_Bx2W], axis=1)
+    all_seq = jnp.concatenate([fin_seq_BxWxL, top_seq], axis=1)
+    fin_score_BxW, keep_BxW = jax.lax.top_k(jnp.where(all_flag, all_score, neg_inf), W)
+    fin_flag_BxW = jnp.take_along_axis(all_flag, keep_BxW, axis=1)
+    fin_seq_BxWxL = gather_beams(all_seq, keep_BxW)
+    return step + 1, alive_logp_BxW, alive_seq_BxWxL, fin_score_BxW, fin_flag_BxW, fin_seq_BxWxL, state
+
+  init_logp = jnp.concatenate([jnp.zeros((B, 1)), jnp.full((B, W - 1), neg_inf)], axis=1)
+  carry = (jnp.int32(0), init_logp, jnp.zeros((B, W, max_len), jnp.int32), jnp.full((B, W), neg_inf),
+           jnp.zeros((B, W), bool), jnp.zeros((B, W, max_len), jnp.int32), state)
+  _, alive_logp, alive_seq, fin_score, fin_flag, fin_seq, _ = jax.lax.while_loop(cond, body, carry)
+  any_fin_B = jnp.any(fin_flag, axis=1)
+  tokens = jnp.where(any_fin_B[:, None, None], fin_seq, alive_seq)
+  scores = jnp.where(any_fin_B[:, None], fin_score, alive_logp / brevity_penalty(alpha, max_len))
+  return tokens, scores

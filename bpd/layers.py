@@ -1,0 +1,209 @@
+"""Transformer building blocks whose decoder attention keeps an explicit, per-row KV cache.
+
+Why not flax.linen's built-in decode cache: it takes one token per call and keeps one cache index for the
+whole batch. Blockwise parallel decoding scores a block of k tokens per call, and every row of the batch
+accepts a different number of them (DESIGN §3). So the cache here is a plain pytree passed in and out:
+a call writes T new positions starting at `start_B[b]` for row b, and each query attends to the cached
+positions <= its own. Positions after a row's accepted prefix hold stale keys of rejected tokens; they are
+masked (they lie after the query) and overwritten by the next call, so rolling back costs nothing.
+
+Shape letters: B batch, T new target positions in this call, S source length, L cache length,
+D d_model, H attention heads, K head dim (D // H), F feed-forward width.
+"""
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+import numpy as np
+
+NEG_INF = -1e9  # Masked attention logits; finite so that a fully masked row gives no NaN.
+
+
+def sinusoidal_positions(positions_BxT: jax.Array, d_model: int) -> jax.Array:
+  """Sinusoidal position encodings (Vaswani et al. 2017, §3.5) at arbitrary integer positions.
+
+  Computed from the positions rather than looked up in a table so that every row can sit at a different
+  position and the cache length (max_len + k) is not bounded by a table size.
+  Returns [B, T, D] float32.
+  """
+  half = d_model // 2
+  inv_freq_H = np.exp(-np.log(10000.0) * np.arange(half) / max(half - 1, 1)).astype(np.float32)
+  angles_BxTxH = positions_BxT[..., None].astype(jnp.float32) * inv_freq_H
+  enc = jnp.concatenate([jnp.sin(angles_BxTxH), jnp.cos(angles_BxTxH)], axis=-1)
+  if d_model % 2:
+    enc = jnp.pad(enc, [(0, 0)] * (enc.ndim - 1) + [(0, 1)])
+  return enc
+
+
+def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype) -> jax.Array:
+  """Scaled dot-product attention; softmax in float32. Returns [B, T, H, K]."""
+  depth = q_BxTxHxK.shape[-1]
+  logits_BxHxTxS = jnp.einsum('bthk,bshk->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
+  logits_BxHxTxS = logits_BxHxTxS / np.sqrt(depth).astype(np.float32)
+  logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, NEG_INF)
+  weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
+  return jnp.einsum('bhts,bshk->bthk', weights_BxHxTxS, v_BxSxHxK)
+
+
+def write_rows(cache_BxLx___: jax.Array, new_BxTx___: jax.Array, start_B: jax.Array) -> jax.Array:
+  """cache[b, start[b] : start[b] + T] = new[b] for every row b (rows start at different positions).
+
+  The caller guarantees start[b] + T <= L (dynamic_update_slice would otherwise clamp the start).
+  """
+  def one_row(cache_Lx___, new_Tx___, start):
+    return jax.lax.dynamic_update_slice_in_dim(cache_Lx___, new_Tx___.astype(cache_Lx___.dtype), start, 0)
+  return jax.vmap(one_row)(cache_BxLx___, new_BxTx___, start_B)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention with separate query/key/value/output projections.
+
+  `__call__` attends from x to y with a given mask (training, encoder, cross-attention).
+  `project_kv` and `attend_kv` split the work so the decoder can cache keys and values.
+  """
+  num_heads: int
+  d_model: int
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    head_dim = self.d_model // self.num_heads
+    dense = lambda name: nn.DenseGeneral((self.num_heads, head_dim), dtype=self.dtype, name=name)
+    self.query = dense('query')
+    self.key = dense('key')
+    self.value = dense('value')
+    self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), dtype=self.dtype, name='out')
+    self.dropout = nn.Dropout(self.dropout_rate)
+
+  def project_kv(self, y_BxSxD):
+    """Keys and values of y, each [B, S, H, K]."""
+    return self.key(y_BxSxD), self.value(y_BxSxD)
+
+  def attend_kv(self, x_BxTxD, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, deterministic=True):
+    """Attend from x to precomputed keys and values. Returns [B, T, D]."""
+    out_BxTxHxK = attend(self.query(x_BxTxD), k_BxSxHxK, v_BxSxHxK, mask_BxTxS, self.dtype)
+    return self.dropout(self.out(out_BxTxHxK), deterministic=deterministic)
+
+  def __call__(self, x_BxTxD, y_BxSxD, mask_BxTxS, deterministic=True):
+    k_BxSxHxK, v_BxSxHxK = self.project_kv(y_BxSxD)
+    return self.attend_kv(x_BxTxD, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, deterministic)
+
+
+class FeedForward(nn.Module):
+  """Position-wise dense-relu-dense."""
+  d_model: int
+  d_ff: int
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxTxD, deterministic=True):
+    h = nn.relu(nn.Dense(self.d_ff, dtype=self.dtype, name='wi')(x_BxTxD))
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    return nn.Dense(self.d_model, dtype=self.dtype, name='wo')(h)
+
+
+class EncoderLayer(nn.Module):
+  """Pre-LayerNorm encoder layer: self-attention, then feed-forward, each with a residual."""
+  num_heads: int
+  d_model: int
+  d_ff: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxSxD, mask_BxSxS, deterministic=True):
+    drop = nn.Dropout(self.dropout_rate)
+    h = nn.LayerNorm(dtype=self.dtype, name='ln_attn')(x_BxSxD)
+    h = MultiHeadAttention(self.num_heads, self.d_model, self.attention_dropout_rate, self.dtype,
+                           name='self_attn')(h, h, mask_BxSxS, deterministic)
+    x_BxSxD = x_BxSxD + drop(h, deterministic=deterministic)
+    h = nn.LayerNorm(dtype=self.dtype, name='ln_ff')(x_BxSxD)
+    h = FeedForward(self.d_model, self.d_ff, self.dropout_rate, self.dtype, name='ff')(h, deterministic)
+    return x_BxSxD + drop(h, deterministic=deterministic)
+
+
+class DecoderLayer(nn.Module):
+  """Pre-LayerNorm decoder layer: causal self-attention, cross-attention, feed-forward.
+
+  `__call__` runs a whole target sequence at once (training, reference for the cache tests).
+  `extend` runs T new positions per row against a per-row KV cache (decoding).
+  """
+  num_heads: int
+  d_model: int
+  d_ff: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.ln_self = nn.LayerNorm(dtype=self.dtype)
+    self.self_attn = MultiHeadAttention(self.num_heads, self.d_model, self.attention_dropout_rate, self.dtype)
+    self.ln_cross = nn.LayerNorm(dtype=self.dtype)
+    self.cross_attn = MultiHeadAttention(self.num_heads, self.d_model, self.attention_dropout_rate, self.dtype)
+    self.ln_ff = nn.LayerNorm(dtype=self.dtype)
+    self.ff = FeedForward(self.d_model, self.d_ff, self.dropout_rate, self.dtype)
+    self.drop = nn.Dropout(self.dropout_rate)
+
+  def __call__(self, x_BxTxD, enc_BxSxD, causal_mask_BxTxT, cross_mask_BxTxS, deterministic=True):
+    h = self.ln_self(x_BxTxD)
+    x_BxTxD = x_BxTxD + self.drop(self.self_attn(h, h, causal_mask_BxTxT, deterministic), deterministic=deterministic)
+    h = self.ln_cross(x_BxTxD)
+    h = self.cross_attn(h, enc_BxSxD, cross_mask_BxTxS, deterministic)
+    x_BxTxD = x_BxTxD + self.drop(h, deterministic=deterministic)
+    h = self.ff(self.ln_ff(x_BxTxD), deterministic)
+    return x_BxTxD + self.drop(h, deterministic=deterministic)
+
+  def cross_kv(self, enc_BxSxD):
+    """Cross-attention keys and values, computed once per source (the encoder runs once)."""
+    return self.cross_attn.project_kv(enc_BxSxD)
+
+  def init_cache(self, enc_BxSxD, cache_len: int):
+    """A zero self-attention cache of `cache_len` positions plus this layer's cross-attention keys/values."""
+    batch = enc_BxSxD.shape[0]
+    head_dim = self.d_model // self.num_heads
+    cross_k, cross_v = self.cross_kv(enc_BxSxD)
+    zeros = jnp.zeros((batch, cache_len, self.num_heads, head_dim), self.dtype)
+    return {'k_BxLxHxK': zeros, 'v_BxLxHxK': zeros, 'cross_k_BxSxHxK': cross_k, 'cross_v_BxSxHxK': cross_v}
+
+  def extend(self, x_BxTxD, cache, start_B, cross_mask_BxTxS):
+    """Run T new positions per row, at positions start_B[b] .. start_B[b] + T - 1. Returns (y_BxTxD, cache)."""
+    h = self.ln_self(x_BxTxD)
+    k_new, v_new = self.self_attn.project_kv(h)
+    k_BxLxHxK = write_rows(cache['k_BxLxHxK'], k_new, start_B)
+    v_BxLxHxK = write_rows(cache['v_BxLxHxK'], v_new, start_B)
+    num_new, cache_len = x_BxTxD.shape[1], k_BxLxHxK.shape[1]
+    query_pos_BxT = start_B[:, None] + jnp.arange(num_new)[None, :]
+    # A query sees cached positions up to its own; later slots (stale or empty) are masked.
+    self_mask_BxTxL = jnp.arange(cache_len)[None, None, :] <= query_pos_BxT[:, :, None]
+    x_BxTxD = x_BxTxD + self.self_attn.attend_kv(h, k_BxLxHxK, v_BxLxHxK, self_mask_BxTxL)
+    h = self.ln_cross(x_BxTxD)
+    x_BxTxD = x_BxTxD + self.cross_attn.attend_kv(h, cache['cross_k_BxSxHxK'], cache['cross_v_BxSxHxK'],
+                                                    cross_mask_BxTxS)
+    x_BxTxD = x_BxTxD + self.ff(self.ln_ff(x_BxTxD))
+    new_cache = dict(cache, k_BxLxHxK=k_BxLxHxK, v_BxLxHxK=v_BxLxHxK)
+    return x_BxTxD, new_cache
+
+
+class MultiOutput(nn.Module):
+  """The paper's multi-output layer (§4; tensor2tensor transformer_parallel) for the proposal heads.
+
+  One feed-forward layer of hidden size n·d_ff and output size n·d_model, split into n vectors; each is
+  added to the decoder output (residual) and layer-normalized. The caller sends each through the shared
+  vocabulary projection. n = k - 1: heads 2..k. Head 1 is the base model's own output, not routed
+  through this layer, so that a frozen base keeps its greedy output exactly (paper §6.1, Table 1: frozen
+  rows keep the base BLEU for every k) and "load base, add heads" only adds this subtree.
+  """
+  num_heads: int  # n = k - 1 proposal heads
+  d_model: int
+  d_ff: int
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, hidden_Bx___xD):
+    n, d = self.num_heads, self.d_model
+    h = nn.relu(nn.Dense(n * self.d_ff, dtype=self.dtype, name='wi')(hidden_Bx___xD))
+    h = nn.Dense(n * d, dtype=self.dtype, name='wo')(h)
+    h_Bx___xNxD = h.reshape(h.shape[:-1] + (n, d)) + hidden_Bx___xD[..., None, :]
+    return nn.LayerNorm(dtype=self.dtype, name='ln')(h_Bx___xNxD)

@@ -1,0 +1,198 @@
+"""Encoder-decoder Transformer with k prediction heads (Stern et al. 2018, §4).
+
+Used purely functionally: `model.apply({'params': params}, ..., method=...)`. The parameter tree of a
+k-head model is the base model's tree plus one subtree, 'multi_output', so a trained base (k = 1) becomes a
+k-head model with `add_heads(base_params, new_params)`.
+
+Methods:
+  __call__(src, tgt_in)        -> logits of all k heads at every position (training).
+  encode / decode_hidden / head_hidden / logits: the pieces of __call__, for losses that save memory.
+  init_decode_state(src, ...)  -> per-row decoder state (KV cache + encoder keys/values), leaves [B, ...].
+  score(state, tokens, start)  -> head-1 logits at T new positions, their hidden states, new state.
+  propose(hidden)              -> logits of heads 2..k at one position per row.
+`decode_fns` wraps the last three as the plain functions that `bpd.decoding` takes; decoding never sees
+this module.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from bpd import layers
+from bpd.errors import UserError
+
+# Model sizes. base and big as in Vaswani et al. 2017 (Table 3); small and tiny for CPU runs and tests.
+SIZES = {
+    'tiny': dict(d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=256),
+    'small': dict(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3, d_ff=1024),
+    'base': dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, d_ff=2048),
+    'big': dict(d_model=1024, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, d_ff=4096,
+                dropout_rate=0.3),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Everything that fixes the parameter shapes and the computation. Hashable (a static jit argument)."""
+  vocab_size: int
+  k: int = 1  # number of heads; head 1 is the ordinary next-token model, k = 1 is a plain Transformer
+  d_model: int = 512
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  d_ff: int = 2048
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  dtype: str = 'float32'  # activations; parameters stay float32
+
+
+def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelConfig:
+  """A ModelConfig from a named size in SIZES, with field overrides."""
+  if size not in SIZES:
+    raise UserError(f'Unknown model size {size!r}: choose one of {sorted(SIZES)} (config.model.size).')
+  if k < 1:
+    raise UserError(f'k={k}: the number of heads must be >= 1 (config.k).')
+  return ModelConfig(vocab_size=vocab_size, k=k, **{**SIZES[size], **overrides})
+
+
+class Transformer(nn.Module):
+  """Pre-LayerNorm encoder-decoder with one shared embedding for source, target and output projection."""
+  config: ModelConfig
+
+  def setup(self):
+    c = self.config
+    dtype = jnp.dtype(c.dtype)
+    self.embed = nn.Embed(c.vocab_size, c.d_model, embedding_init=nn.initializers.normal(c.d_model**-0.5))
+    self.encoder_layers = [
+        layers.EncoderLayer(c.num_heads, c.d_model, c.d_ff, c.dropout_rate, c.attention_dropout_rate, dtype)
+        for _ in range(c.num_encoder_layers)]
+    self.encoder_norm = nn.LayerNorm(dtype=dtype)
+    self.decoder_layers = [
+        layers.DecoderLayer(c.num_heads, c.d_model, c.d_ff, c.dropout_rate, c.attention_dropout_rate, dtype)
+        for _ in range(c.num_decoder_layers)]
+    self.decoder_norm = nn.LayerNorm(dtype=dtype)
+    self.dropout = nn.Dropout(c.dropout_rate)
+    if c.k > 1:
+      self.multi_output = layers.MultiOutput(c.k - 1, c.d_model, c.d_ff, dtype)
+
+  # -- pieces shared by training and decoding --------------------------------------------------------------
+
+  def _embed(self, tokens_BxT, positions_BxT, deterministic):
+    x = self.embed(tokens_BxT) * jnp.sqrt(float(self.config.d_model))
+    x = x + layers.sinusoidal_positions(positions_BxT, self.config.d_model)
+    return self.dropout(x.astype(jnp.dtype(self.config.dtype)), deterministic=deterministic)
+
+  def logits(self, hidden_Bx___xD):
+    """The shared vocabulary projection (tied to the embedding). Returns [..., V] float32."""
+    return self.embed.attend(hidden_Bx___xD.astype(jnp.float32))
+
+  def encode(self, src_BxS, deterministic=True):
+    """Encoder output [B, S, D]. Source id 0 is padding."""
+    positions = jnp.broadcast_to(jnp.arange(src_BxS.shape[1]), src_BxS.shape)
+    x = self._embed(src_BxS, positions, deterministic)
+    mask_BxSxS = jnp.broadcast_to((src_BxS > 0)[:, None, :], src_BxS.shape + src_BxS.shape[1:])
+    for layer in self.encoder_layers:
+      x = layer(x, mask_BxSxS, deterministic)
+    return self.encoder_norm(x)
+
+  def decode_hidden(self, enc_BxSxD, src_BxS, tgt_in_BxT, deterministic=True):
+    """Decoder output [B, T, D] for a whole (BOS-shifted) target at once, causally masked."""
+    length = tgt_in_BxT.shape[1]
+    positions = jnp.broadcast_to(jnp.arange(length), tgt_in_BxT.shape)
+    x = self._embed(tgt_in_BxT, positions, deterministic)
+    causal_BxTxT = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (x.shape[0], length, length))
+    cross_BxTxS = jnp.broadcast_to((src_BxS > 0)[:, None, :], (x.shape[0], length, src_BxS.shape[1]))
+    for layer in self.decoder_layers:
+      x = layer(x, enc_BxSxD, causal_BxTxT, cross_BxTxS, deterministic)
+    return self.decoder_norm(x)
+
+  def head_hidden(self, hidden_Bx___xD):
+    """The pre-projection vectors of all k heads: [..., k, D]; head 1 is the decoder output itself."""
+    heads = hidden_Bx___xD[..., None, :]
+    if self.config.k > 1:
+      heads = jnp.concatenate([heads, self.multi_output(hidden_Bx___xD)], axis=-2)
+    return heads
+
+  def __call__(self, src_BxS, tgt_in_BxT, deterministic=True):
+    """Logits of every head at every target position: [B, T, k, V]. Head i at position t predicts y_{t+i}."""
+    enc = self.encode(src_BxS, deterministic)
+    hidden = self.decode_hidden(enc, src_BxS, tgt_in_BxT, deterministic)
+    return self.logits(self.head_hidden(hidden))
+
+  # -- decoding with the per-row cache ---------------------------------------------------------------------
+
+  def init_decode_state(self, src_BxS, cache_len: int):
+    """Runs the encoder once; returns the decoder state pytree (every leaf has leading dim B)."""
+    enc = self.encode(src_BxS)
+    return {
+        'src_mask_BxS': src_BxS > 0,
+        'layers': tuple(layer.init_cache(enc, cache_len) for layer in self.decoder_layers),
+    }
+
+  def score(self, state, tokens_BxT, start_B):
+    """Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1.
+
+    Returns (head-1 logits [B, T, V], decoder output [B, T, D], new state). Only head 1 is projected
+    onto the vocabulary here: verification needs nothing else (DESIGN §3, no k² projections).
+    """
+    num_new = tokens_BxT.shape[1]
+    positions_BxT = start_B[:, None] + jnp.arange(num_new)[None, :]
+    x = self._embed(tokens_BxT, positions_BxT, deterministic=True)
+    src_mask = state['src_mask_BxS']
+    cross_BxTxS = jnp.broadcast_to(src_mask[:, None, :], (x.shape[0], num_new, src_mask.shape[1]))
+    new_layers = []
+    for layer, cache in zip(self.decoder_layers, state['layers']):
+      x, cache = layer.extend(x, cache, start_B, cross_BxTxS)
+      new_layers.append(cache)
+    hidden_BxTxD = self.decoder_norm(x)
+    return self.logits(hidden_BxTxD), hidden_BxTxD, dict(state, layers=tuple(new_layers))
+
+  def propose(self, hidden_BxD, num_heads: int | None = None):
+    """Logits of heads 2..k' at one position per row: [B, k'-1, V], k' = num_heads (default k).
+
+    The multi-output layer mixes all heads in one dense layer, so a model decoded with its first k' < k
+    heads computes the layer whole and projects only the heads it uses.
+    """
+    heads = self.config.k if num_heads is None else num_heads
+    return self.logits(self.multi_output(hidden_BxD)[:, :heads - 1])
+
+
+def init_params(config: ModelConfig, rng: jax.Array, src_len: int = 8, tgt_len: int = 8) -> dict:
+  """Random parameters for `config` (the 'params' collection)."""
+  model = Transformer(config)
+  src = jnp.ones((1, src_len), jnp.int32)
+  tgt = jnp.ones((1, tgt_len), jnp.int32)
+  return model.init(rng, src, tgt)['params']
+
+
+def add_heads(base_params: dict, k_head_params: dict) -> dict:
+  """A k-head parameter tree from a trained base: the base's parameters plus the new 'multi_output'."""
+  return {**base_params, 'multi_output': k_head_params['multi_output']}
+
+
+def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
+  """The model as the plain functions `bpd.decoding` takes, proposing with its first `num_heads` heads.
+
+  Call inside the jitted function that decodes (with `params` a traced argument), so the parameters are
+  not baked into the compiled program as constants.
+  Returns (init_state(src_BxS, cache_len), score_fn(state, tokens_BxT, start_B), propose_fn(hidden_BxD)).
+  """
+  heads = model.config.k if num_heads is None else num_heads
+  if not 1 <= heads <= model.config.k:
+    raise UserError(f'Cannot decode with {heads} heads: the model has k={model.config.k}; '
+                    f'choose k between 1 and {model.config.k}.')
+  variables = {'params': params}
+
+  def init_state(src_BxS, cache_len):
+    return model.apply(variables, src_BxS, cache_len, method=Transformer.init_decode_state)
+
+  def score_fn(state, tokens_BxT, start_B):
+    return model.apply(variables, state, tokens_BxT, start_B, method=Transformer.score)
+
+  def propose_fn(hidden_BxD):
+    return model.apply(variables, hidden_BxD, heads, method=Transformer.propose)
+
+  return init_state, score_fn, propose_fn

@@ -1,0 +1,99 @@
+"""A stub model for testing the decode loops without a network.
+
+The stub's next token is a hash of the whole prefix (source seed, then every token so far), so a decoder
+that reads a wrong or stale prefix gets a different answer. Its state mirrors a KV cache: row b keeps the
+running hash at every position, a call writes T positions from start_B[b] and reads the one before.
+Proposal head i (i = 2..k) predicts the true i-th next greedy token with probability `head_accuracy`
+(drawn per position and head from the hash), otherwise a token that is certainly wrong.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PAD, EOS, BOS = 0, 1, 2
+FIRST_WORD = 3  # ids 0..2 are special
+
+
+def _mix(h, x):
+  """uint32 hash step (wraps mod 2^32 in both numpy and JAX)."""
+  with np.errstate(over="ignore"):
+    h = (h ^ (x.astype(np.uint32) + np.uint32(0x9E3779B9))) * np.uint32(0x85EBCA6B)
+  return h ^ (h >> np.uint32(13))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stub:
+  vocab_size: int = 20
+  k: int = 4
+  head_accuracy: float = 0.7
+  eos_rate: int = 0  # a prefix hash divisible by eos_rate ends the row (0: only at eos_at)
+
+  def next_token(self, h, pos, eos_at):
+    """The scoring model's greedy choice after the prefix with hash h ending at position pos."""
+    word = FIRST_WORD + (h >> np.uint32(7)) % np.uint32(self.vocab_size - FIRST_WORD)
+    eos = (pos + 1 == eos_at)
+    if self.eos_rate:
+      eos = eos | ((h >> np.uint32(3)) % np.uint32(self.eos_rate) == 0)
+    return np.where(eos, EOS, word).astype(np.int32) if isinstance(h, np.ndarray) else jnp.where(
+        eos, EOS, word.astype(jnp.int32))
+
+  def _logits(self, best, h):
+    """One-hot at `best` (margin 5) plus a hash-derived spread in [0, 1) so that ranks below 1 are defined."""
+    vocab = jnp.arange(self.vocab_size, dtype=jnp.uint32)
+    noise = (_mix(h[..., None], vocab) % np.uint32(1000)).astype(jnp.float32) / 1000.0
+    return noise + 5.0 * jax.nn.one_hot(best, self.vocab_size)
+
+  def init_state(self, seed_B, eos_at_B, cache_len):
+    B = seed_B.shape[0]
+    return {'h_BxL': jnp.zeros((B, cache_len), jnp.uint32), 'seed_B': seed_B.astype(jnp.uint32),
+            'eos_at_B': eos_at_B.astype(jnp.int32)}
+
+  def score_fn(self, state, tokens_BxT, start_B):
+    B, T = tokens_BxT.shape
+    rows = jnp.arange(B)
+    h_prev = jnp.where(start_B == 0, state['seed_B'], state['h_BxL'][rows, jnp.maximum(start_B - 1, 0)])
+    hs = []
+    for t in range(T):
+      h_prev = _mix(h_prev, tokens_BxT[:, t])
+      hs.append(h_prev)
+    h_BxT = jnp.stack(hs, axis=1)
+    pos_BxT = start_B[:, None] + jnp.arange(T)[None, :]
+    h_BxL = state['h_BxL'].at[rows[:, None], pos_BxT].set(h_BxT)
+    eos_at_BxT = jnp.broadcast_to(state['eos_at_B'][:, None], (B, T))
+    logits = self._logits(self.next_token(h_BxT, pos_BxT, eos_at_BxT), h_BxT)
+    hidden = {'h': h_BxT, 'pos': pos_BxT, 'eos_at': eos_at_BxT}
+    return logits, hidden, dict(state, h_BxL=h_BxL)
+
+  def propose_fn(self, hidden):
+    h, pos, eos_at = hidden['h'], hidden['pos'], hidden['eos_at']
+    preds = []
+    tok = self.next_token(h, pos, eos_at)
+    for i in range(2, self.k + 1):
+      h = _mix(h, tok)
+      pos = pos + 1
+      tok = self.next_token(h, pos, eos_at)
+      coin = (_mix(h, jnp.full_like(pos, 7919 * i)) % np.uint32(1000)).astype(jnp.float32) / 1000.0
+      wrong = FIRST_WORD + (tok - FIRST_WORD + 1 + (h % np.uint32(self.vocab_size - FIRST_WORD - 1)).astype(
+          jnp.int32)) % (self.vocab_size - FIRST_WORD)
+      right = coin < self.head_accuracy
+      # A wrong EOS guess never reaches EOS: `wrong` is always a word id different from tok.
+      preds.append(jnp.where(right, tok, jnp.where(tok == EOS, FIRST_WORD, wrong)))
+    preds_BxKm1 = jnp.stack(preds, axis=1)
+    return self._logits(preds_BxKm1, hidden['h'][:, None])
+
+  def reference_greedy(self, seed_B, eos_at_B, max_len):
+    """Greedy decoding in plain numpy, one row at a time: the ground truth for the decoders."""
+    out = np.zeros((len(seed_B), max_len), np.int32)
+    for b, (seed, eos_at) in enumerate(zip(seed_B, eos_at_B)):
+      h = np.uint32(seed)
+      tok = np.int32(BOS)
+      for pos in range(max_len):
+        h = _mix(np.asarray(h, np.uint32), np.asarray(tok))
+        tok = self.next_token(np.asarray(h), pos, eos_at)
+        out[b, pos] = tok
+        if tok == EOS:
+          break
+    return out

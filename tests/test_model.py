@@ -1,0 +1,111 @@
+"""The real Flax model: cache correctness, heads, and blockwise decoding identical to greedy."""
+
+import functools
+
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bpd import decoding
+from bpd import model as model_lib
+from bpd.errors import UserError
+from tests.conftest import BOS, EOS, SRC_LEN, toy_batch
+
+
+def test_sizes_and_bad_inputs():
+  base = model_lib.model_config('base', vocab_size=32000, k=8)
+  assert (base.d_model, base.num_heads, base.num_encoder_layers, base.d_ff) == (512, 8, 6, 2048)
+  big = model_lib.model_config('big', vocab_size=32000)
+  assert (big.d_model, big.num_heads, big.d_ff, big.dropout_rate) == (1024, 16, 4096, 0.3)
+  with pytest.raises(UserError, match='Unknown model size'):
+    model_lib.model_config('huge', vocab_size=10)
+  with pytest.raises(UserError, match='k=0'):
+    model_lib.model_config('tiny', vocab_size=10, k=0)
+
+
+def test_add_heads_to_a_base_model_is_one_line():
+  base_cfg = model_lib.model_config('tiny', vocab_size=30, k=1)
+  k_cfg = model_lib.model_config('tiny', vocab_size=30, k=5)
+  base = model_lib.init_params(base_cfg, jax.random.PRNGKey(0))
+  fresh = model_lib.init_params(k_cfg, jax.random.PRNGKey(1))
+  assert 'multi_output' not in base
+  params = model_lib.add_heads(base, fresh)
+  src = jnp.asarray(np.random.RandomState(0).randint(3, 30, size=(2, 6)))
+  tgt = jnp.asarray(np.random.RandomState(1).randint(3, 30, size=(2, 5)))
+  logits_base = jax.jit(model_lib.Transformer(base_cfg).apply)({'params': base}, src, tgt)
+  logits_k = jax.jit(model_lib.Transformer(k_cfg).apply)({'params': params}, src, tgt)
+  assert logits_k.shape == (2, 5, 5, 30)
+  # Head 1 of the k-head model is the base model, bit for bit: a frozen base keeps its greedy output.
+  np.testing.assert_array_equal(np.asarray(logits_k[:, :, 0]), np.asarray(logits_base[:, :, 0]))
+
+
+def test_cached_decoder_matches_full_recompute(toy_model):
+  """Per-row starts, stale entries from a rejected block, and overwrites: the cache must not leak."""
+  model, params, config = toy_model
+  rng = np.random.RandomState(0)
+  B = 5
+  src, tgt = toy_batch(rng, B)
+  tgt_in = np.concatenate([np.full((B, 1), BOS), tgt[:, :-1]], axis=1)
+  full_BxTxKxV = np.asarray(jax.jit(model.apply)({'params': params}, jnp.asarray(src), jnp.asarray(tgt_in)))
+
+  init_state, score_fn, _ = model_lib.decode_fns(model, params)
+  init_state, score_fn = jax.jit(init_state, static_argnums=1), jax.jit(score_fn)
+  state = init_state(jnp.asarray(src), SRC_LEN + 8)
+  logits, _, state = score_fn(state, jnp.asarray(tgt_in[:, :4]), jnp.zeros((B,), jnp.int32))
+  np.testing.assert_allclose(np.asarray(logits), full_BxTxKxV[:, :4, 0], atol=1e-4)
+  # A block of wrong tokens at positions 4..7, then each row resumes from its own position 1..4.
+  garbage = rng.randint(3, config.vocab_size, size=(B, 4))
+  _, _, state = score_fn(state, jnp.asarray(garbage), jnp.full((B,), 4, jnp.int32))
+  start = np.array([1, 4, 2, 3, 4])
+  block = np.stack([tgt_in[b, s:s + 5] for b, s in enumerate(start)])
+  logits, hidden, state = score_fn(state, jnp.asarray(block), jnp.asarray(start))
+  proposals = jax.jit(functools.partial(model.apply, method=model_lib.Transformer.propose))(
+      {'params': params}, hidden[:, 2])
+  for b, s in enumerate(start):
+    np.testing.assert_allclose(np.asarray(logits[b]), full_BxTxKxV[b, s:s + 5, 0], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(proposals[b]), full_BxTxKxV[b, s + 2, 1:], atol=1e-4)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'k', 'max_len', 'criterion'))
+def _greedy_and_blockwise(params, src, *, model, k, max_len, criterion):
+  init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
+  state = init_state(src, max_len + k + 1)
+  greedy = decoding.greedy(score_fn, state, batch_size=src.shape[0], max_len=max_len, bos_id=BOS, eos_id=EOS)
+  block = decoding.blockwise(score_fn, propose_fn, state, batch_size=src.shape[0], k=k, max_len=max_len,
+                             bos_id=BOS, eos_id=EOS, criterion=criterion)
+  return greedy, block
+
+
+def test_trained_toy_model_decodes_correctly_and_heads_help(toy_model):
+  """Sanity of the test subject itself: it reverses its input and its extra heads get accepted."""
+  model, params, _ = toy_model
+  src, tgt = toy_batch(np.random.RandomState(7), 16)
+  (greedy_tokens, _, _), block = _greedy_and_blockwise(params, jnp.asarray(src), model=model, k=4, max_len=12,
+                                                       criterion=decoding.Criterion())
+  greedy_tokens = np.asarray(greedy_tokens)[:, :SRC_LEN]
+  words = tgt > EOS
+  # 300 steps: partly learned (chance is 1/21), which is what a decoding test wants.
+  assert (greedy_tokens == tgt)[words].mean() >= 0.3
+  assert (greedy_tokens == EOS).any(axis=1).all()
+  stats = decoding.summarize(block)
+  assert 1.2 < stats['mean_accepted_block_size'] < 4  # heads right sometimes, not always
+
+
+@hypothesis.given(
+    batch=st.sampled_from([1, 8]),
+    k=st.integers(1, 4),  # the toy model has 4 heads; a sweep may use its first k' <= k
+    max_len=st.sampled_from([1, 6, 14]),
+    seed=st.integers(0, 10_000))
+@hypothesis.settings(max_examples=20, deadline=None, derandomize=True, database=None)
+def test_exact_blockwise_equals_greedy_on_the_real_model(toy_model, batch, k, max_len, seed):
+  """Source lengths vary per row (3..8 words, then padding); EOS comes where the model puts it."""
+  model, params, _ = toy_model
+  rng = np.random.RandomState(seed)
+  src, _ = toy_batch(rng, batch)
+  (greedy_tokens, greedy_length, _), block = _greedy_and_blockwise(
+      params, jnp.asarray(src), model=model, k=k, max_len=max_len, criterion=decoding.Criterion())
+  np.testing.assert_array_equal(np.asarray(block.tokens_BxL), np.asarray(greedy_tokens))
+  np.testing.assert_array_equal(np.asarray(block.length_B), np.asarray(greedy_length))
