@@ -189,11 +189,19 @@ class DecoderLayer(nn.Module):
 class MultiOutput(nn.Module):
   """The paper's multi-output layer (§4; tensor2tensor transformer_parallel) for the proposal heads.
 
-  One feed-forward layer of hidden size n·d_ff and output size n·d_model, split into n vectors; each is
-  added to the decoder output (residual) and layer-normalized. The caller sends each through the shared
-  vocabulary projection. n = k - 1: heads 2..k. Head 1 is the base model's own output, not routed
-  through this layer, so that a frozen base keeps its greedy output exactly (paper §6.1, Table 1: frozen
-  rows keep the base BLEU for every k) and "load base, add heads" only adds this subtree.
+  A feed-forward layer of hidden size n·d_ff and output size n·d_model, split into n vectors; each is
+  added to the decoder output (residual) and layer-normalized; the caller sends each through the shared
+  vocabulary projection. n = k - 1: heads 2..k.
+
+  Two choices differ from a literal reading of the paper, both deliberate:
+  - Head 1 is the base model's own output, not routed through this layer, so that a frozen base keeps its
+    greedy output exactly (paper §6.1, Table 1: frozen rows keep the base BLEU for every k) and "load base,
+    add heads" only adds this subtree.
+  - The output projection is block-diagonal: head i reads only its own d_ff slice of the hidden layer
+    (same hidden and output sizes as the dense layer). The dense n·d_ff x n·d_model matrix is (k-1)² d·d_ff
+    weights that decoding reads once per iteration: 51 MB at k=8, d=256, d_ff=1024, which measured 6.4 ms
+    per call at batch 1 on our 2-core CPU against 1.3 ms for a whole greedy step. Block-diagonal, the
+    layer costs 2(k-1)·d·d_ff, and the first k' heads of a k-head model are exactly a k'-head model.
   """
   num_heads: int  # n = k - 1 proposal heads
   d_model: int
@@ -201,9 +209,16 @@ class MultiOutput(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, hidden_Bx___xD):
-    n, d = self.num_heads, self.d_model
-    h = nn.relu(nn.Dense(n * self.d_ff, dtype=self.dtype, name='wi')(hidden_Bx___xD))
-    h = nn.Dense(n * d, dtype=self.dtype, name='wo')(h)
-    h_Bx___xNxD = h.reshape(h.shape[:-1] + (n, d)) + hidden_Bx___xD[..., None, :]
-    return nn.LayerNorm(dtype=self.dtype, name='ln')(h_Bx___xNxD)
+  def __call__(self, hidden_Bx___xD, num_used: int | None = None):
+    """Returns the first `num_used` (default all n) heads' vectors: [..., num_used, D]."""
+    n, d, f = self.num_heads, self.d_model, self.d_ff
+    used = n if num_used is None else num_used
+    init = nn.initializers.lecun_normal(batch_axis=(0,))
+    wi_NxDxF = self.param('wi_kernel', init, (n, d, f))
+    bi_NxF = self.param('wi_bias', nn.initializers.zeros, (n, f))
+    wo_NxFxD = self.param('wo_kernel', init, (n, f, d))
+    bo_NxD = self.param('wo_bias', nn.initializers.zeros, (n, d))
+    x = hidden_Bx___xD.astype(self.dtype)
+    h = nn.relu(jnp.einsum('...d,ndf->...nf', x, wi_NxDxF[:used].astype(self.dtype)) + bi_NxF[:used])
+    out_Bx___xNxD = jnp.einsum('...nf,nfd->...nd', h, wo_NxFxD[:used].astype(self.dtype)) + bo_NxD[:used]
+    return nn.LayerNorm(dtype=self.dtype, name='ln')(out_Bx___xNxD + x[..., None, :])

@@ -153,11 +153,10 @@ class Transformer(nn.Module):
   def propose(self, hidden_BxD, num_heads: int | None = None):
     """Logits of heads 2..k' at one position per row: [B, k'-1, V], k' = num_heads (default k).
 
-    The multi-output layer mixes all heads in one dense layer, so a model decoded with its first k' < k
-    heads computes the layer whole and projects only the heads it uses.
+    Heads are independent slices of the multi-output layer, so only the heads used are computed.
     """
     heads = self.config.k if num_heads is None else num_heads
-    return self.logits(self.multi_output(hidden_BxD)[:, :heads - 1])
+    return self.logits(self.multi_output(hidden_BxD, heads - 1))
 
 
 def init_params(config: ModelConfig, rng: jax.Array, src_len: int = 8, tgt_len: int = 8) -> dict:

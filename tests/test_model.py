@@ -88,7 +88,7 @@ def test_trained_toy_model_decodes_correctly_and_heads_help(toy_model):
   greedy_tokens = np.asarray(greedy_tokens)[:, :SRC_LEN]
   words = tgt > EOS
   # 300 steps: partly learned (chance is 1/21), which is what a decoding test wants.
-  assert (greedy_tokens == tgt)[words].mean() >= 0.3
+  assert (greedy_tokens == tgt)[words].mean() >= 0.2
   assert (greedy_tokens == EOS).any(axis=1).all()
   stats = decoding.summarize(block)
   assert 1.2 < stats['mean_accepted_block_size'] < 4  # heads right sometimes, not always

@@ -1,0 +1,75 @@
+"""Defaults shared by every config. A config file calls `defaults()` and overrides what it needs.
+
+Fields (the command line reaches each as --config.FIELD=VALUE):
+  seed                 one seed for initialization, data order and dropout.
+  k                    number of heads of the model (1 = plain Transformer; paper: 1..10).
+  model.size           tiny | small | base | big (bpd/model.py SIZES); model.* other fields override it.
+  data.source          synthetic | text | tfds.
+  data.dir             folder with {split}.{src_lang} / {split}.{tgt_lang} (source=text).
+  data.tfds_data_dir   TFDS data dir (source=tfds); None = TFDS's default.
+  data.vocab_size      SentencePiece vocabulary, shared by source and target.
+  data.max_len         longest training example in tokens (EOS included); longer pairs are dropped.
+  data.bucket_lengths  padded lengths of training batches (the last is max_len): fewer wasted FLOPs.
+  data.distilled_from  workdir of a `--mode=distill` run: train on its distilled targets (paper §6.2).
+  train.regime         base (k=1 from scratch) | frozen (train only the heads) | finetune (train all).
+  train.init_from      workdir of the base model that frozen/finetune start from.
+  train.head_loss      mean (mean of the k heads' losses) | random (one random head per step, t2t style).
+  decode.*             the sweep of `--mode=decode`: heads k' <= k, criteria, batch sizes, splits.
+"""
+
+import ml_collections
+
+
+def defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.k = 8
+
+  c.model = ml_collections.ConfigDict()
+  c.model.size = 'small'
+  c.model.dropout_rate = 0.1
+  c.model.dtype = 'float32'
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = 'synthetic'
+  c.data.dir = ''
+  c.data.tfds_data_dir = ml_collections.FieldReference(None, field_type=str)
+  c.data.src_lang = 'en'
+  c.data.tgt_lang = 'de'
+  c.data.train_split = 'train'
+  c.data.eval_split = 'val'  # periodic evaluation during training
+  c.data.vocab_size = 8000
+  c.data.max_len = 64
+  c.data.bucket_lengths = (16, 32, 64)
+  c.data.max_eval_examples = 0  # 0 = all
+  c.data.distilled_from = ''
+  c.data.synthetic_train_size = 20000
+
+  c.train = ml_collections.ConfigDict()
+  c.train.regime = 'base'
+  c.train.init_from = ''
+  c.train.num_steps = 10000
+  c.train.batch_size = 64
+  c.train.learning_rate = 1e-3  # peak, after linear warmup; then rsqrt decay (Vaswani et al. §5.3)
+  c.train.warmup_steps = 1000
+  c.train.label_smoothing = 0.1
+  c.train.head_loss = 'mean'
+  c.train.checkpoint_every = 500
+  c.train.keep_checkpoints = 3
+  c.train.eval_every = 1000
+  c.train.log_every = 100
+
+  c.decode = ml_collections.ConfigDict()
+  c.decode.splits = ('val',)
+  c.decode.ks = (1, 2, 4, 6, 8, 10)  # heads used, each <= k; greedy is always decoded as the baseline
+  c.decode.criteria = ('exact', 'top_k:2')
+  c.decode.batch_sizes = (32,)
+  c.decode.max_len = 64  # longest output, EOS included
+  c.decode.max_examples = 0  # 0 = all
+
+  c.distill = ml_collections.ConfigDict()
+  c.distill.beam_size = 4
+  c.distill.alpha = 0.6
+  c.distill.batch_size = 32
+  c.distill.max_len = 64
+  return c
