@@ -43,16 +43,8 @@ def _decode(line: bytes) -> str | None:
     return None
 
 
-def load_split(data_dir: str, split: str, src_lang: str = 'en',
-               tgt_lang: str = 'de') -> tuple[list[str], list[str], dict]:
-  """Reads `{data_dir}/{split}.{src_lang}` and `.{tgt_lang}`.
-
-  Returns (source sentences, target sentences, counts), the sentences stripped of surrounding white space,
-  and counts = {'read': line pairs read, 'kept': pairs returned, 'skipped_empty': pairs with an empty side,
-  'skipped_non_utf8': pairs with a side that is not valid UTF-8}.
-
-  Raises UserError if the folder or a file is missing, or if the two files have different line counts.
-  """
+def _checked_lines(data_dir: str, split: str, src_lang: str, tgt_lang: str):
+  """The two files' paths and lines, after checking that both exist and have the same line count."""
   if not os.path.isdir(data_dir):
     raise UserError(
         f'Data folder {data_dir!r} does not exist or is not a folder (config.data.dir). Set '
@@ -75,6 +67,25 @@ def load_split(data_dir: str, split: str, src_lang: str = 'en',
         f'must have one sentence per line, line i of one aligned with line i of the other. Fix or '
         f're-extract them.')
 
+  return paths, src_lines, tgt_lines
+
+
+def check_split(data_dir: str, split: str, src_lang: str = 'en', tgt_lang: str = 'de') -> None:
+  """Raises the UserError that load_split would raise for a missing folder/file or unequal line counts."""
+  _checked_lines(data_dir, split, src_lang, tgt_lang)
+
+
+def load_split(data_dir: str, split: str, src_lang: str = 'en',
+               tgt_lang: str = 'de') -> tuple[list[str], list[str], dict]:
+  """Reads `{data_dir}/{split}.{src_lang}` and `.{tgt_lang}`.
+
+  Returns (source sentences, target sentences, counts), the sentences stripped of surrounding white space,
+  and counts = {'read': line pairs read, 'kept': pairs returned, 'skipped_empty': pairs with an empty side,
+  'skipped_non_utf8': pairs with a side that is not valid UTF-8}.
+
+  Raises UserError if the folder or a file is missing, or if the two files have different line counts.
+  """
+  paths, src_lines, tgt_lines = _checked_lines(data_dir, split, src_lang, tgt_lang)
   src, tgt = [], []
   counts = {'read': len(src_lines), 'kept': 0, 'skipped_empty': 0, 'skipped_non_utf8': 0}
   for src_bytes, tgt_bytes in zip(src_lines, tgt_lines):

@@ -1,0 +1,105 @@
+"""Checkpoints with orbax: periodic saves, keep the newest N, resume from the latest, save on preemption.
+
+A checkpoint is two items, 'params' and 'opt_state', under {workdir}/checkpoints/{step}. orbax writes
+each one into a temporary folder and renames it when complete, so a run killed mid-save (kill -9, a
+preempted TPU VM) leaves the previous checkpoints intact and the next run resumes from the newest complete
+one. The model's shape (model.json) and the tokenizer (spm.model) sit beside them in the workdir.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+
+from absl import logging
+import jax
+import orbax.checkpoint as ocp
+
+from bpd import model as model_lib
+from bpd.errors import UserError
+
+CHECKPOINT_DIR = 'checkpoints'
+ITEMS = ('params', 'opt_state')
+MODEL_CONFIG_FILE = 'model.json'
+
+
+def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
+  path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+  return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state: dict) -> None:
+  """Saves {'params', 'opt_state'} as two items, so that decoding can restore the parameters alone."""
+  mngr.save(step, args=ocp.args.Composite(**{name: ocp.args.StandardSave(state[name]) for name in ITEMS}))
+
+
+def restore(mngr: ocp.CheckpointManager, template: dict, step: int | None = None) -> dict:
+  """Restores the newest (or the given) step into arrays shaped like `template` (a dict of some of ITEMS)."""
+  step = mngr.latest_step() if step is None else step
+  args = {name: ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, value))
+          for name, value in template.items()}
+  restored = mngr.restore(step, args=ocp.args.Composite(**args))
+  return {name: restored[name] for name in template}
+
+
+def latest_step(workdir: str) -> int | None:
+  path = os.path.join(workdir, CHECKPOINT_DIR)
+  if not os.path.isdir(path):
+    return None
+  return ocp.CheckpointManager(os.path.abspath(path)).latest_step()
+
+
+def write_model_config(workdir: str, config: model_lib.ModelConfig) -> None:
+  tmp = os.path.join(workdir, MODEL_CONFIG_FILE + '.tmp')
+  with open(tmp, 'w') as f:
+    json.dump(dataclasses.asdict(config), f, indent=1)
+  os.replace(tmp, os.path.join(workdir, MODEL_CONFIG_FILE))
+
+
+def read_model_config(workdir: str, what: str = '--workdir') -> model_lib.ModelConfig:
+  """The ModelConfig a workdir was trained with; UserError if the workdir holds no trained model."""
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  if not os.path.exists(path) or latest_step(workdir) is None:
+    raise UserError(f'{what}={workdir!r} holds no trained model ({path} or {workdir}/{CHECKPOINT_DIR}/ is '
+                    'missing). Train one there first with --mode=train, or point at the workdir of a run that did.')
+  with open(path) as f:
+    return model_lib.ModelConfig(**json.load(f))
+
+
+def load_params(workdir: str, what: str = '--workdir') -> tuple[model_lib.ModelConfig, dict, int]:
+  """(model config, parameters, step) of the newest checkpoint in a workdir."""
+  config = read_model_config(workdir, what)
+  mngr = manager(workdir)
+  step = mngr.latest_step()
+  params = restore(mngr, {'params': model_lib.init_params(config, jax.random.PRNGKey(0))}, step)['params']
+  return config, params, step
+
+
+class PreemptionGuard:
+  """Turns SIGTERM / SIGINT into a flag the train loop polls, so it can save a checkpoint and stop cleanly.
+
+  Cloud TPU preemption sends SIGTERM; Ctrl-C sends SIGINT. A second signal is not caught again.
+  """
+
+  def __init__(self):
+    self.requested = None
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: no handlers, the run just stops where it is
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    logging.warning('Received signal %d: saving a checkpoint and stopping.', signum)
+    self.requested = signum
+    signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    return False

@@ -1,0 +1,111 @@
+"""Checks of the config, flags and files, run before anything is compiled, trained or written.
+
+Each failure is a UserError naming the offending flag, field or file and saying how to fix it. Nothing in
+the workdir is touched before these pass, so a bad command never costs a checkpoint or a result.
+"""
+
+import filecmp
+import os
+import tempfile
+
+from bpd import checkpoint
+from bpd import decoding
+from bpd import model as model_lib
+from bpd.data import pipeline
+from bpd.data import tokenizer as tokenizer_lib
+from bpd.errors import UserError
+
+REGIMES = ('base', 'frozen', 'finetune')
+HEAD_LOSSES = ('mean', 'random')
+
+
+def check_workdir(workdir: str) -> None:
+  """The workdir exists (or can be made) and can be written to."""
+  if not workdir:
+    raise UserError('--workdir is empty: give a folder for checkpoints and results, e.g. --workdir=runs/demo.')
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=workdir, prefix='.write_test'):
+      pass
+  except OSError as e:
+    raise UserError(f'Cannot write to --workdir={workdir!r} ({e.strerror or e}). Choose a folder you can write '
+                    'to, or fix its permissions.') from None
+
+
+def check_model(config) -> None:
+  if config.k < 1:
+    raise UserError(f'config.k={config.k}: the number of heads must be at least 1 (1 = a plain Transformer; '
+                    'the paper uses 2..10).')
+  if config.model.size not in model_lib.SIZES:
+    raise UserError(f'config.model.size={config.model.size!r} is not one of {sorted(model_lib.SIZES)}.')
+
+
+def check_train(config, workdir: str) -> None:
+  tc = config.train
+  check_model(config)
+  if tc.regime not in REGIMES:
+    raise UserError(f'config.train.regime={tc.regime!r} is not one of {REGIMES}.')
+  if tc.head_loss not in HEAD_LOSSES:
+    raise UserError(f'config.train.head_loss={tc.head_loss!r} is not one of {HEAD_LOSSES}.')
+  for field in ('num_steps', 'batch_size', 'checkpoint_every', 'eval_every', 'log_every', 'warmup_steps'):
+    if tc[field] < 1:
+      raise UserError(f'config.train.{field}={tc[field]} must be at least 1.')
+  if tc.regime == 'base' and tc.init_from:
+    raise UserError('config.train.init_from is set but config.train.regime=base trains from scratch: use '
+                    'regime=frozen or regime=finetune to start from that model, or drop init_from.')
+  if tc.regime != 'base':
+    if not tc.init_from:
+      raise UserError(f'config.train.regime={tc.regime} starts from a trained base model: set '
+                      'config.train.init_from=BASE_WORKDIR (the --workdir of a regime=base run).')
+    checkpoint.read_model_config(tc.init_from, 'config.train.init_from')
+    if config.k < 2:
+      raise UserError(f'config.train.regime={tc.regime} adds proposal heads to the base model: set config.k >= 2.')
+  pipeline.check_source(config.data, need_splits=(config.data.train_split, config.data.eval_split))
+  check_workdir(workdir)
+
+
+def check_init_from(model_config: model_lib.ModelConfig, init_from: str, workdir: str) -> None:
+  """The base model in init_from has the shape and vocabulary of the model about to be trained."""
+  if not init_from:
+    return
+  base = checkpoint.read_model_config(init_from, 'config.train.init_from')
+  fields = ('vocab_size', 'd_model', 'num_heads', 'num_encoder_layers', 'num_decoder_layers', 'd_ff')
+  diffs = [f'{f}: {getattr(base, f)} there, {getattr(model_config, f)} here' for f in fields
+           if getattr(base, f) != getattr(model_config, f)]
+  mine = os.path.join(workdir, tokenizer_lib.MODEL_NAME)
+  theirs = os.path.join(init_from, tokenizer_lib.MODEL_NAME)
+  if os.path.exists(mine) and os.path.exists(theirs) and not filecmp.cmp(mine, theirs, shallow=False):
+    diffs.append(f'the tokenizer {mine} differs from {theirs}')
+  if diffs:
+    raise UserError(f'config.train.init_from={init_from!r} holds a model of a different size or vocabulary ('
+                    + '; '.join(diffs) + '). Use the same config.model.size and tokenizer as the base run, or '
+                    'point init_from at a matching base model.')
+
+
+def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding.Criterion]]:
+  """The (k', criterion) pairs of the sweep; UserError for a bad criterion or a k' beyond the checkpoint's k."""
+  dc = config.decode
+  for k in dc.ks:
+    if not 1 <= k <= model_k:
+      raise UserError(f'config.decode.ks contains {k}, but the checkpoint in {workdir} has k={model_k} heads: '
+                      f'a sweep can use k\' = 1..{model_k} heads. Drop {k} or train a model with more heads.')
+  criteria = [decoding.parse_criterion(spec, k=model_k) for spec in dc.criteria]  # raises on a bad spec
+  for field in ('batch_sizes',):
+    if any(b < 1 for b in dc[field]):
+      raise UserError(f'config.decode.{field}={tuple(dc[field])}: batch sizes must be at least 1.')
+  if dc.max_len < 1:
+    raise UserError(f'config.decode.max_len={dc.max_len} must be at least 1.')
+  pipeline.check_source(config.data, need_splits=tuple(dc.splits))
+  check_workdir(workdir)
+  # min_block:l only makes sense where l <= k'; those pairs are left out of the sweep (and logged).
+  return [(k, c) for k in dc.ks for c in criteria if c.min_block <= k]
+
+
+def check_distill(config, workdir: str) -> None:
+  checkpoint.read_model_config(workdir)
+  if config.distill.beam_size < 1:
+    raise UserError(f'config.distill.beam_size={config.distill.beam_size} must be at least 1.')
+  data = config.data.copy_and_resolve_references()
+  data.distilled_from = ''  # the teacher translates the original training sources
+  pipeline.check_source(data, need_splits=(data.train_split,))
+  check_workdir(workdir)

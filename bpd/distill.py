@@ -1,0 +1,65 @@
+"""Sequence-level knowledge distillation (Kim & Rush 2016; paper §6.2): `--mode=distill`.
+
+The model in the workdir (the teacher) translates the training sources with beam search; the sources and
+its translations are written to {workdir}/distill/train.{src,tgt}. A later run trains on them with
+config.data.distilled_from={workdir}. Distilled targets are more predictable, so proposal heads are
+right more often (paper: mean accepted block 3.01 -> 4.69 at k=8, fine-tuned).
+
+Work is done in chunks written as separate files, so an interrupted distillation resumes where it stopped.
+"""
+
+import os
+
+from absl import logging
+import jax.numpy as jnp
+
+from bpd import checkpoint
+from bpd import checks
+from bpd import evaluate
+from bpd import metrics
+from bpd import model as model_lib
+from bpd.data import batching
+from bpd.data import pipeline
+from bpd.data import tokenizer as tokenizer_lib
+
+CHUNK = 2048  # sentences per part file
+
+
+def distill(config, workdir: str) -> str:
+  """Writes the distilled corpus; returns its folder."""
+  checks.check_distill(config, workdir)
+  data = config.data.copy_and_resolve_references()
+  data.distilled_from = ''
+  model_config, params, step = checkpoint.load_params(workdir)
+  tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
+  decoder = evaluate.Decoder(model_lib.Transformer(model_config), config.distill.max_len)
+  src, _ = pipeline.load_split(data, data.train_split, config.seed)
+  out_dir = os.path.join(workdir, pipeline.DISTILL_DIR)
+  parts_dir = os.path.join(out_dir, 'parts')
+  os.makedirs(parts_dir, exist_ok=True)
+  logging.info('Distilling %d sentences with the step-%d teacher, beam %d.', len(src), step,
+               config.distill.beam_size)
+
+  num_chunks = -(-len(src) // CHUNK)
+  progress = metrics.Progress(0, num_chunks, 'distill chunks')
+  for chunk in range(num_chunks):
+    path = os.path.join(parts_dir, f'part-{chunk:05d}.{data.tgt_lang}')
+    if os.path.exists(path):
+      continue
+    sentences = src[chunk * CHUNK:(chunk + 1) * CHUNK]
+    src_ids, _, _ = batching.encode_pairs(tokenizer, sentences, sentences, data.max_len, truncate=True)
+    outputs, _ = evaluate.run_batches(
+        lambda s: decoder.beam(params, s, beam_size=config.distill.beam_size, alpha=config.distill.alpha),
+        src_ids, config.distill.batch_size)
+    evaluate.write_lines(path, [tokenizer.decode(o) for o in outputs])
+    logging.info('%s', progress.line(chunk + 1))
+
+  targets = []
+  for chunk in range(num_chunks):
+    with open(os.path.join(parts_dir, f'part-{chunk:05d}.{data.tgt_lang}'), encoding='utf-8') as f:
+      targets += f.read().split('\n')[:-1]
+  evaluate.write_lines(os.path.join(out_dir, f'train.{data.src_lang}'), src)
+  evaluate.write_lines(os.path.join(out_dir, f'train.{data.tgt_lang}'), targets)
+  logging.info('Wrote the distilled corpus (%d pairs) to %s; train on it with --config.data.distilled_from=%s',
+               len(src), out_dir, workdir)
+  return out_dir

@@ -1,0 +1,194 @@
+"""Decoding a checkpoint: jitted decoders, BLEU, and the `--mode=decode` sweep.
+
+The sweep decodes each evaluation split with greedy decoding (the baseline, always) and with blockwise
+parallel decoding for every (k' heads, criterion) of the config, at every batch size, and writes into
+{workdir}/decode/: results.json (one record per setting), results.md (the table), one hypothesis file per
+setting (<split>.<setting>.b<batch>.txt, detokenized, in source order) and PNG plots against k.
+
+Definitions (DESIGN §2): mean accepted block size = tokens produced (EOS included, padding excluded) /
+decoding iterations, summed over the split. invocations = model calls (iterations + 1 per row with the
+combined scoring-and-proposal step; `batch_invocations` counts the calls made for whole batches).
+speedup = greedy seconds / blockwise seconds: same model, inputs, batch size and device, both compiled and
+warmed up, measured in the same run.
+"""
+
+import functools
+import json
+import os
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sacrebleu
+
+from bpd import checkpoint
+from bpd import checks
+from bpd import decoding
+from bpd import metrics
+from bpd import model as model_lib
+from bpd import report
+from bpd.data import batching
+from bpd.data import pipeline
+from bpd.data import tokenizer as tokenizer_lib
+
+DECODE_DIR = 'decode'
+
+
+class Decoder:
+  """Jitted greedy, blockwise and beam decoding of one model at one maximum output length."""
+
+  def __init__(self, model: model_lib.Transformer, max_len: int):
+    self.model, self.max_len = model, max_len
+    self.greedy = jax.jit(self._greedy)
+    self.blockwise = jax.jit(self._blockwise, static_argnames=('k', 'criterion'))
+    self.beam = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'))
+
+  def _greedy(self, params, src_BxS):
+    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
+    state = init_state(src_BxS, self.max_len + 1)
+    tokens, length, _ = decoding.greedy(score_fn, state, batch_size=src_BxS.shape[0], max_len=self.max_len,
+                                        bos_id=tokenizer_lib.BOS_ID, eos_id=tokenizer_lib.EOS_ID)
+    return tokens, length
+
+  def _blockwise(self, params, src_BxS, k, criterion):
+    init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
+    state = init_state(src_BxS, self.max_len + k + 1)
+    return decoding.blockwise(score_fn, propose_fn, state, batch_size=src_BxS.shape[0], k=k,
+                              max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=tokenizer_lib.EOS_ID,
+                              criterion=criterion)
+
+  def _beam(self, params, src_BxS, beam_size, alpha):
+    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
+    state = init_state(src_BxS, self.max_len + 1)
+    tokens, _ = decoding.beam_search(score_fn, state, batch_size=src_BxS.shape[0], beam_size=beam_size,
+                                     max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID,
+                                     eos_id=tokenizer_lib.EOS_ID, alpha=alpha)
+    return tokens[:, 0]
+
+
+def bleu(hypotheses, references) -> float:
+  """Corpus BLEU with sacrebleu's defaults (13a tokenization) on detokenized text."""
+  return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score
+
+
+def source_bucket(src_ids) -> int:
+  """One padded source length for a whole split (a multiple of 8): one compiled shape per setting."""
+  longest = max((len(s) for s in src_ids), default=1)
+  return int(-(-longest // 8) * 8)
+
+
+def run_batches(fn, src_ids, batch_size, what=''):
+  """Applies fn(src_BxS) -> pytree with leading B to every batch; returns (outputs in source order, seconds).
+
+  Padding rows of the last batch are dropped. Logs progress with an ETA for long decodes.
+  """
+  batches = batching.eval_batches(src_ids, None, batch_size, (source_bucket(src_ids),))
+  outputs = [None] * len(src_ids)
+  progress = metrics.Progress(0, len(batches), what)
+  start = time.perf_counter()
+  report_every = max(1, len(batches) // 5)
+  for n, (indices, src) in enumerate(batches):
+    out = jax.device_get(fn(jnp.asarray(src)))
+    for row, index in enumerate(indices):
+      if index >= 0:
+        outputs[index] = jax.tree.map(lambda x, row=row: x[row] if x.ndim else x, out)
+    if what and (n + 1) % report_every == 0 and len(batches) > 5:
+      logging.info('%s', progress.line(n + 1))
+  return outputs, time.perf_counter() - start
+
+
+def greedy_translate(decoder, params, tokenizer, src_ids, batch_size, bucket_lengths=None):
+  """Detokenized greedy translations, in source order."""
+  del bucket_lengths  # one bucket per split, see source_bucket
+  outputs, _ = run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, batch_size)
+  return [tokenizer.decode(o) for o in outputs]
+
+
+def _warm_up(fn, src_ids, batch_size):
+  """Compile and run once on the first batch, so that timings exclude compilation."""
+  indices, src = batching.eval_batches(src_ids[:batch_size], None, batch_size, (source_bucket(src_ids),))[0]
+  del indices
+  jax.block_until_ready(fn(jnp.asarray(src)))
+
+
+def setting_name(k: int, criterion) -> str:
+  return 'greedy' if criterion is None else f'k{k}.{criterion}'.replace(':', '')
+
+
+def _decode_setting(fn, src_ids, batch_size, what):
+  _warm_up(fn, src_ids, batch_size)
+  return run_batches(fn, src_ids, batch_size, what)
+
+
+def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
+                 model_k, step):
+  """Greedy plus every (k', criterion) of the sweep on one split at one batch size. Returns records."""
+  greedy_out, greedy_seconds = _decode_setting(lambda src: decoder.greedy(params, src), src_ids, batch_size,
+                                               f'{split} greedy b{batch_size}')
+  greedy_tokens = [o[0] for o in greedy_out]
+  greedy_hyps = [tokenizer.decode(t) for t in greedy_tokens]
+  greedy_tokens_count = int(sum(int(o[1]) for o in greedy_out))
+  greedy_bleu = bleu(greedy_hyps, references)
+  write_lines(os.path.join(out_dir, f'{split}.greedy.b{batch_size}.txt'), greedy_hyps)
+  base = {'split': split, 'batch_size': batch_size, 'examples': len(src_ids), 'step': step, 'model_k': model_k,
+          'greedy_seconds': greedy_seconds, 'greedy_quality': greedy_bleu, 'quality_metric': 'bleu'}
+  records = [{**base, 'k': 1, 'criterion': 'greedy', 'quality': greedy_bleu, 'mean_accepted_block_size': 1.0,
+              'iterations': greedy_tokens_count, 'invocations': greedy_tokens_count, 'tokens': greedy_tokens_count,
+              'seconds': greedy_seconds, 'speedup': 1.0, 'identical_to_greedy': 1.0}]
+  logging.info('%s b%d greedy: BLEU %.2f, %.2fs', split, batch_size, greedy_bleu, greedy_seconds)
+
+  for k, criterion in sweep:
+    name = setting_name(k, criterion)
+    outputs, seconds = _decode_setting(
+        lambda src, k=k, criterion=criterion: decoder.blockwise(params, src, k=k, criterion=criterion),
+        src_ids, batch_size, f'{split} {name} b{batch_size}')
+    tokens = [o.tokens_BxL for o in outputs]
+    hyps = [tokenizer.decode(t) for t in tokens]
+    write_lines(os.path.join(out_dir, f'{split}.{name}.b{batch_size}.txt'), hyps)
+    produced = int(sum(int(o.length_B) for o in outputs))
+    iterations = int(sum(int(o.iterations_B) for o in outputs))
+    histogram = np.sum([np.asarray(o.block_counts_BxK) for o in outputs], axis=0)
+    identical = float(np.mean([np.array_equal(a, b) for a, b in zip(tokens, greedy_tokens)]))
+    record = {**base, 'k': k, 'criterion': str(criterion), 'quality': bleu(hyps, references),
+              'mean_accepted_block_size': produced / max(iterations, 1), 'iterations': iterations,
+              'invocations': iterations + len(src_ids), 'tokens': produced, 'seconds': seconds,
+              'speedup': greedy_seconds / seconds, 'identical_to_greedy': identical,
+              'block_size_histogram': [int(c) for c in histogram]}
+    records.append(record)
+    logging.info('%s b%d %s: BLEU %.2f, mean accepted block %.2f, speedup %.2fx, identical %.3f', split,
+                 batch_size, name, record['quality'], record['mean_accepted_block_size'], record['speedup'],
+                 identical)
+  return records
+
+
+def write_lines(path, lines):
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    for line in lines:
+      f.write(line.replace('\n', ' ') + '\n')
+  os.replace(tmp, path)
+
+
+def decode_sweep(config, workdir: str) -> list[dict]:
+  """The `--mode=decode` sweep over the newest checkpoint in `workdir`; writes {workdir}/decode/*."""
+  model_config = checkpoint.read_model_config(workdir)
+  sweep = checks.check_decode(config, workdir, model_config.k)
+  _, params, step = checkpoint.load_params(workdir)
+  tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
+  decoder = Decoder(model_lib.Transformer(model_config), config.decode.max_len)
+  out_dir = os.path.join(workdir, DECODE_DIR)
+  os.makedirs(out_dir, exist_ok=True)
+  records = []
+  for split in config.decode.splits:
+    src, references = pipeline.load_split(config.data, split, config.seed)
+    if config.decode.max_examples:
+      src, references = src[:config.decode.max_examples], references[:config.decode.max_examples]
+    src_ids, _, _ = batching.encode_pairs(tokenizer, src, references, config.data.max_len, truncate=True)
+    for batch_size in config.decode.batch_sizes:
+      records += decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
+                              model_config.k, step)
+      report.write(records, out_dir)  # after every batch size: an interrupted sweep keeps what it measured
+  print(report.markdown_table(records))
+  return records

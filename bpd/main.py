@@ -1,0 +1,54 @@
+r"""Command line: train, distill and decode.
+
+  python -m bpd.main --config=configs/NAME.py[:ARGS] --workdir=DIR [--mode=train|distill|decode] \
+      [--config.FIELD=VALUE ...]
+
+train    trains, resuming from the newest checkpoint in DIR (configs/common.py lists the fields).
+distill  translates the training sources with the model in DIR (beam search) into DIR/distill/.
+decode   decodes the evaluation splits with greedy and every blockwise setting; writes DIR/decode/.
+Glue only: the work is in bpd.train, bpd.distill and bpd.evaluate.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from bpd.errors import UserError
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/demo.py.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for checkpoints, logs and results.')
+_MODE = flags.DEFINE_enum('mode', 'train', ['train', 'distill', 'decode'], 'What to do.')
+_MULTIHOST = flags.DEFINE_bool('multihost', os.environ.get('BPD_MULTIHOST') == '1',
+                               'Call jax.distributed.initialize() first (every host runs the same command). '
+                               'Default: the environment variable BPD_MULTIHOST=1.')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _MULTIHOST.value:
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize()
+  from bpd import distill, evaluate, metrics, train  # pylint: disable=g-import-not-at-top
+  metrics.quiet_library_logs()
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  try:
+    if _MODE.value == 'train':
+      train.train_and_evaluate(config, workdir)
+    elif _MODE.value == 'distill':
+      distill.distill(config, workdir)
+    else:
+      evaluate.decode_sweep(config, workdir)
+  except UserError as e:
+    logging.flush()
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)

@@ -1,0 +1,73 @@
+"""TensorBoard summaries and progress lines with an ETA.
+
+Summaries go to {workdir}/tensorboard (tensorboardX: no TensorFlow needed): `tensorboard --logdir WORKDIR`.
+Only process 0 writes, so a multi-host run has one set of event files.
+"""
+
+import os
+import time
+
+import jax
+
+
+class Writer:
+  """Scalars to TensorBoard event files (process 0 only)."""
+
+  def __init__(self, workdir: str):
+    self._writer = None
+    if jax.process_index() == 0:
+      from tensorboardX import SummaryWriter  # imported here: only process 0 needs it
+      self._writer = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+
+  def scalars(self, step: int, values: dict, prefix: str = ''):
+    if self._writer is None:
+      return
+    for name, value in values.items():
+      self._writer.add_scalar(f'{prefix}/{name}' if prefix else name, value, step)
+    self._writer.flush()
+
+  def close(self):
+    if self._writer is not None:
+      self._writer.close()
+
+
+def format_seconds(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  hours, rest = divmod(seconds, 3600)
+  minutes, secs = divmod(rest, 60)
+  return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{secs:02d}s'
+
+
+class Progress:
+  """'what 1200/6000 (20%) | 1.23 it/s | elapsed 16m10s | ETA 1h05m'.
+
+  The rate is measured since the previous line (so compilation at the start does not skew the ETA).
+  """
+
+  def __init__(self, start: int, total: int, what: str):
+    self.total, self.what = total, what
+    self.t0 = time.time()
+    self._last = (self.t0, start)
+
+  def line(self, done: int) -> str:
+    now = time.time()
+    last_time, last_done = self._last
+    rate = (done - last_done) / (now - last_time) if now > last_time and done > last_done else 0.0
+    self._last = (now, done)
+    pct = 100.0 * done / max(self.total, 1)
+    eta_text = format_seconds((self.total - done) / rate) if rate else '?'
+    return (f'{self.what} {done}/{self.total} ({pct:.0f}%) | {rate:.2f} it/s | elapsed '
+            f'{format_seconds(now - self.t0)} | ETA {eta_text}')
+
+
+def quiet_library_logs() -> None:
+  """Drops the INFO lines orbax writes for every save (dozens per checkpoint); warnings still show."""
+  import logging as py_logging  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+
+  class _Filter(py_logging.Filter):
+
+    def filter(self, record):
+      return record.levelno >= py_logging.WARNING or '/orbax/' not in record.pathname
+
+  logging.get_absl_handler().addFilter(_Filter())

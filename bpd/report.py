@@ -1,0 +1,70 @@
+"""Tables and plots of decode sweeps: results.json, results.md (paper style) and PNG plots against k."""
+
+import collections
+import json
+import os
+
+import matplotlib
+
+matplotlib.use('Agg')  # files only; no display on TPU VMs or CI
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+COLUMNS = [
+    ('split', 'split', '{}'), ('batch_size', 'batch', '{}'), ('k', 'k', '{}'), ('criterion', 'criterion', '{}'),
+    ('quality', 'quality', '{:.2f}'), ('mean_accepted_block_size', 'mean accepted block', '{:.2f}'),
+    ('iterations', 'iterations', '{}'), ('invocations', 'invocations', '{}'), ('tokens', 'tokens', '{}'),
+    ('seconds', 'seconds', '{:.2f}'), ('speedup', 'speedup', '{:.2f}x'),
+    ('identical_to_greedy', 'identical to greedy', '{:.3f}'),
+]
+
+
+def markdown_table(records, columns=COLUMNS) -> str:
+  metric = records[0].get('quality_metric', 'quality') if records else 'quality'
+  header = [title.replace('quality', metric) for _, title, _ in columns]
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(columns)]
+  for r in records:
+    lines.append('| ' + ' | '.join(fmt.format(r[key]) if key in r else '' for key, _, fmt in columns) + ' |')
+  return '\n'.join(lines)
+
+
+def plot(records, path, title=''):
+  """Mean accepted block size, speedup and quality against k; one line per criterion; greedy dashed."""
+  by_criterion = collections.defaultdict(list)
+  greedy = [r for r in records if r['criterion'] == 'greedy']
+  for r in records:
+    if r['criterion'] != 'greedy':
+      by_criterion[r['criterion']].append(r)
+  metric = records[0].get('quality_metric', 'quality')
+  fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+  for ax, key, label in zip(axes, ('mean_accepted_block_size', 'speedup', 'quality'),
+                            ('mean accepted block size', 'wall-clock speedup over greedy', metric)):
+    for criterion, rows in sorted(by_criterion.items()):
+      rows = sorted(rows, key=lambda r: r['k'])
+      ax.plot([r['k'] for r in rows], [r[key] for r in rows], marker='o', label=criterion)
+    if greedy:
+      ax.axhline(greedy[0][key], color='gray', linestyle='--', label='greedy')
+    ax.set_xlabel('k (heads used)')
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def write(records, out_dir: str) -> None:
+  """results.json, results.md and one plot per (split, batch size), each written atomically."""
+  def atomic(name, text):
+    tmp = os.path.join(out_dir, name + '.tmp')
+    with open(tmp, 'w') as f:
+      f.write(text)
+    os.replace(tmp, os.path.join(out_dir, name))
+
+  atomic('results.json', json.dumps(records, indent=1))
+  atomic('results.md', markdown_table(records) + '\n')
+  groups = collections.defaultdict(list)
+  for r in records:
+    groups[(r['split'], r['batch_size'])].append(r)
+  for (split, batch_size), rows in groups.items():
+    plot(rows, os.path.join(out_dir, f'{split}.b{batch_size}.png'), f'{split}, batch size {batch_size}')

@@ -1,0 +1,207 @@
+"""Training: `train_and_evaluate(config, workdir)`. The ConfigDict stops here; below, plain arguments.
+
+Regimes (paper §6):
+  base      k = 1: an ordinary Transformer, trained from scratch.
+  frozen    start from the base model in config.train.init_from, add k-1 proposal heads, and train only
+            them (the optimizer zeroes every other update, so the base parameters stay bit for bit and
+            the scoring model's greedy output stays that of the base model).
+  finetune  the same start, all parameters train jointly: acceptance rises, quality may drop a little.
+Loss: the mean of the k heads' cross-entropies, or (head_loss='random') one head drawn per step, as the
+original tensor2tensor code did to save memory.
+
+Runs resume from the newest checkpoint in the workdir. Batches and dropout depend only on (seed, step), so
+a resumed run reproduces an uninterrupted one exactly.
+"""
+
+import functools
+import math
+import os
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bpd import checkpoint
+from bpd import checks
+from bpd import evaluate
+from bpd import losses
+from bpd import metrics
+from bpd import model as model_lib
+from bpd.data import batching
+from bpd.data import pipeline
+from bpd.data import tokenizer as tokenizer_lib
+from bpd.errors import UserError
+
+EVAL_BLEU_EXAMPLES = 256  # a quick greedy BLEU during training; the full one is --mode=decode
+
+
+def learning_rate_schedule(peak: float, warmup_steps: int):
+  """Linear warmup to `peak`, then decay with 1/sqrt(step) (Vaswani et al. 2017, §5.3)."""
+  def schedule(step):
+    step = jnp.maximum(step, 1).astype(jnp.float32)
+    return peak * jnp.minimum(step / warmup_steps, jnp.sqrt(warmup_steps / step))
+  return schedule
+
+
+def make_optimizer(regime: str, params: dict, learning_rate: float, warmup_steps: int):
+  """Adam (β2 = 0.98, as Vaswani et al.) with global-norm clipping; frozen: only 'multi_output' moves."""
+  adam = optax.chain(optax.clip_by_global_norm(1.0),
+                     optax.adam(learning_rate_schedule(learning_rate, warmup_steps), b1=0.9, b2=0.98, eps=1e-9))
+  if regime != 'frozen':
+    return adam
+  labels = {name: ('heads' if name == 'multi_output' else 'base') for name in params}
+  return optax.multi_transform({'heads': adam, 'base': optax.set_to_zero()}, labels)
+
+
+def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoothing, train):
+  """Mean (or one random head's) cross-entropy, plus per-head loss and accuracy for the logs."""
+  src, tgt = batch['src_BxS'], batch['tgt_BxT']
+  tgt_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)), constant_values=tokenizer_lib.BOS_ID)
+  logits_BxTxKxV = model.apply({'params': params}, src, tgt_in, deterministic=not train,
+                               rngs={'dropout': dropout_rng} if train else {})
+  loss_K, acc_K, weight_K = losses.heads_cross_entropy(logits_BxTxKxV, tgt, label_smoothing)
+  if head_loss == 'random' and train:
+    head = jax.random.randint(jax.random.fold_in(dropout_rng, 1), (), 0, loss_K.shape[0])
+    loss = loss_K[head]
+  else:
+    loss = jnp.mean(loss_K)
+  return loss, {'loss_K': loss_K, 'acc_K': acc_K, 'weight_K': weight_K}
+
+
+def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing):
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def train_step(state, batch, step):
+    dropout_rng = jax.random.fold_in(jax.random.PRNGKey(seed), step)
+    grad_fn = jax.value_and_grad(
+        functools.partial(loss_and_metrics, model=model, head_loss=head_loss, label_smoothing=label_smoothing,
+                          train=True), has_aux=True)
+    (loss, aux), grads = grad_fn(state['params'], batch, dropout_rng)
+    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
+    out = {'loss': loss, 'grad_norm': optax.global_norm(grads), **aux}
+    return {'params': params, 'opt_state': opt_state}, out
+  return train_step
+
+
+def make_eval_step(model, *, label_smoothing):
+  @jax.jit
+  def eval_step(params, batch):
+    _, aux = loss_and_metrics(params, batch, None, model=model, head_loss='mean',
+                              label_smoothing=label_smoothing, train=False)
+    return aux
+  return eval_step
+
+
+def initial_params(model_config, regime: str, init_from: str, seed: int) -> dict:
+  """Fresh parameters (base), or the base model from init_from with new proposal heads (frozen, finetune)."""
+  fresh = model_lib.init_params(model_config, jax.random.PRNGKey(seed))
+  if regime == 'base':
+    return fresh
+  _, base_params, step = checkpoint.load_params(init_from, 'config.train.init_from')
+  logging.info('Starting from the base model in %s (step %d) with %d new heads.', init_from, step,
+               model_config.k - 1)
+  base_params = {name: p for name, p in base_params.items() if name != 'multi_output'}
+  return model_lib.add_heads(base_params, fresh) if model_config.k > 1 else base_params
+
+
+def evaluate_during_training(params, eval_step, decoder, tokenizer, eval_data, batch_size, bucket_lengths):
+  """Loss and per-head accuracy on the eval split, and a quick greedy BLEU on its first examples."""
+  src_ids, tgt_ids, src_text, ref_text = eval_data
+  loss_sum, acc_sum, weight_sum = 0.0, 0.0, 0.0
+  for indices, src, tgt in batching.eval_batches(src_ids, tgt_ids, batch_size, bucket_lengths):
+    aux = jax.device_get(eval_step(params, {'src_BxS': src, 'tgt_BxT': tgt}))
+    loss_sum += aux['loss_K'] * aux['weight_K']
+    acc_sum += aux['acc_K'] * aux['weight_K']
+    weight_sum += aux['weight_K']
+  weight_sum = np.maximum(weight_sum, 1)
+  out = {'loss': float(np.mean(loss_sum / weight_sum))}
+  out.update({f'accuracy_head{i + 1}': float(a) for i, a in enumerate(acc_sum / weight_sum)})
+  n = min(EVAL_BLEU_EXAMPLES, len(src_ids))
+  hyps = evaluate.greedy_translate(decoder, params, tokenizer, src_ids[:n], batch_size, bucket_lengths)
+  out['greedy_bleu'] = evaluate.bleu(hyps, ref_text[:n])
+  return out
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains (resuming if the workdir has a checkpoint); returns the last evaluation metrics."""
+  checks.check_train(config, workdir)
+  tc, dc = config.train, config.data
+  tokenizer = pipeline.tokenizer_for(workdir, dc, config.seed, reuse_from=tc.init_from)
+  model_config = model_lib.model_config(config.model.size, vocab_size=tokenizer.vocab_size,
+                                        k=1 if tc.regime == 'base' else config.k,
+                                        dropout_rate=config.model.dropout_rate, dtype=config.model.dtype)
+  checks.check_init_from(model_config, tc.init_from if tc.regime != 'base' else '', workdir)
+  checkpoint.write_model_config(workdir, model_config)
+  model = model_lib.Transformer(model_config)
+
+  src, tgt = pipeline.load_split(dc, dc.train_split, config.seed)
+  src_ids, tgt_ids, stats = batching.encode_pairs(tokenizer, src, tgt, dc.max_len)
+  logging.info('Training pairs: %s', stats)
+  batch_for_step = batching.make_train_batch_fn(src_ids, tgt_ids, tc.batch_size, dc.bucket_lengths, config.seed)
+  eval_src, eval_tgt = pipeline.load_split(dc, dc.eval_split, config.seed)
+  if dc.max_eval_examples:
+    eval_src, eval_tgt = eval_src[:dc.max_eval_examples], eval_tgt[:dc.max_eval_examples]
+  e_src_ids, e_tgt_ids, _ = batching.encode_pairs(tokenizer, eval_src, eval_tgt, dc.max_len, truncate=True)
+  eval_data = (e_src_ids, e_tgt_ids, eval_src, eval_tgt)
+
+  mngr = checkpoint.manager(workdir, tc.keep_checkpoints)
+  start_step = mngr.latest_step()
+  params = initial_params(model_config, tc.regime, tc.init_from, config.seed) if start_step is None else (
+      model_lib.init_params(model_config, jax.random.PRNGKey(config.seed)))
+  optimizer = make_optimizer(tc.regime, params, tc.learning_rate, tc.warmup_steps)
+  state = {'params': params, 'opt_state': optimizer.init(params)}
+  if start_step is not None:
+    state = checkpoint.restore(mngr, state, start_step)
+    logging.info('Resumed from %s at step %d.', mngr.directory, start_step)
+  start_step = start_step or 0
+
+  train_step = make_train_step(model, optimizer, seed=config.seed, head_loss=tc.head_loss,
+                               label_smoothing=tc.label_smoothing)
+  eval_step = make_eval_step(model, label_smoothing=tc.label_smoothing)
+  decoder = evaluate.Decoder(model, max_len=dc.max_len)
+  writer = metrics.Writer(workdir)
+  progress = metrics.Progress(start_step, tc.num_steps, 'train')
+  last_good_step = start_step
+  eval_metrics = {}
+  with checkpoint.PreemptionGuard() as guard:
+    step = start_step
+    finite = jnp.bool_(True)
+    while step < tc.num_steps:
+      batch = batch_for_step(step)
+      state, out = train_step(state, batch, step)
+      finite = finite & jnp.isfinite(out['loss']) & jnp.isfinite(out['grad_norm'])
+      step += 1
+      save_now = step % tc.checkpoint_every == 0 or step == tc.num_steps or guard.requested
+      if step % tc.log_every == 0 or save_now:
+        if not bool(finite):
+          raise UserError(
+              f'Training diverged: the loss became NaN or infinite between steps {last_good_step} and {step}. '
+              f'Nothing was saved after step {last_good_step}; the last good checkpoint is kept in '
+              f'{mngr.directory}. Lower config.train.learning_rate (now {tc.learning_rate}) or raise '
+              f'config.train.warmup_steps (now {tc.warmup_steps}), then rerun the same command to resume.')
+        out = jax.device_get(out)
+        scalars = {'loss': float(out['loss']), 'grad_norm': float(out['grad_norm']),
+                   'learning_rate': float(learning_rate_schedule(tc.learning_rate, tc.warmup_steps)(step))}
+        scalars.update({f'accuracy_head{i + 1}': float(a) for i, a in enumerate(out['acc_K'])})
+        writer.scalars(step, scalars, prefix='train')
+        logging.info('%s | loss %.4f | head accuracy %s', progress.line(step), scalars['loss'],
+                     ' '.join(f'{a:.3f}' for a in out['acc_K']))
+      if step % tc.eval_every == 0 or step == tc.num_steps:
+        eval_metrics = evaluate_during_training(state['params'], eval_step, decoder, tokenizer, eval_data,
+                                                tc.batch_size, dc.bucket_lengths)
+        writer.scalars(step, eval_metrics, prefix='eval')
+        logging.info('eval at step %d: %s', step,
+                     ', '.join(f'{k} {v:.4f}' for k, v in eval_metrics.items()))
+      if save_now:
+        checkpoint.save(mngr, step, state)
+        last_good_step = step
+      if guard.requested:
+        logging.warning('Stopped at step %d on signal %d; rerun the same command to resume.', step,
+                        guard.requested)
+        break
+  mngr.wait_until_finished()
+  writer.close()
+  return {'step': step, **eval_metrics}

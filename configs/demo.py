@@ -1,0 +1,41 @@
+"""The demo: the embedded synthetic corpus and a tiny model; base, heads, sweep in a few minutes on 2 CPUs.
+
+  python -m experiments.demo --workdir=runs/demo        # all stages, then the table
+  python -m bpd.main --config=configs/demo.py --workdir=runs/demo/base                  # one stage by hand
+  python -m bpd.main --config=configs/demo.py:regime=finetune --workdir=runs/demo/k4 \
+      --config.train.init_from=runs/demo/base
+  python -m bpd.main --config=configs/demo.py --workdir=runs/demo/k4 --mode=decode
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  args = dict(a.split('=', 1) for a in arg.split(',')) if arg else {}
+  c = common.defaults()
+  c.k = int(args.get('k', 4))
+  c.model.size = 'tiny'
+  c.model.dropout_rate = 0.0  # a rule-based corpus: nothing to regularize in a few hundred steps
+  c.data.source = 'synthetic'
+  c.data.vocab_size = 400  # the synthetic corpus supports ~500 pieces
+  c.data.synthetic_train_size = 20000
+  c.data.max_len = 40
+  c.data.bucket_lengths = (16, 24, 40)
+  c.data.max_eval_examples = 256
+  c.train.regime = args.get('regime', 'base')
+  c.train.num_steps = int(args.get('steps', 600))
+  c.train.batch_size = 64
+  c.train.learning_rate = 3e-3
+  c.train.warmup_steps = 100
+  c.train.label_smoothing = 0.0
+  c.train.checkpoint_every = 200
+  c.train.eval_every = 300
+  c.train.log_every = 50
+  c.decode.splits = ('test',)
+  c.decode.ks = (2, 3, 4)
+  c.decode.criteria = ('exact', 'top_k:2', 'min_block:2')
+  c.decode.batch_sizes = (32,)
+  c.decode.max_len = 40
+  c.decode.max_examples = 500
+  c.distill.max_len = 40
+  return c
