@@ -47,9 +47,11 @@ def check_train(config, workdir: str) -> None:
     raise UserError(f'config.train.regime={tc.regime!r} is not one of {REGIMES}.')
   if tc.head_loss not in HEAD_LOSSES:
     raise UserError(f'config.train.head_loss={tc.head_loss!r} is not one of {HEAD_LOSSES}.')
-  for field in ('num_steps', 'batch_size', 'checkpoint_every', 'eval_every', 'log_every', 'warmup_steps'):
+  for field in ('num_steps', 'batch_size', 'checkpoint_every', 'log_every', 'warmup_steps'):
     if tc[field] < 1:
       raise UserError(f'config.train.{field}={tc[field]} must be at least 1.')
+  if tc.eval_every < 0:
+    raise UserError(f'config.train.eval_every={tc.eval_every} must be at least 0 (0: never evaluate).')
   if tc.regime == 'base' and tc.init_from:
     raise UserError('config.train.init_from is set but config.train.regime=base trains from scratch: use '
                     'regime=frozen or regime=finetune to start from that model, or drop init_from.')

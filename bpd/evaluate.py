@@ -34,6 +34,7 @@ from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
 
 DECODE_DIR = 'decode'
+PROGRESS_EVERY_S = 30  # a progress line (with ETA) at most this often during long decodes
 
 
 class Decoder:
@@ -87,14 +88,14 @@ def run_batches(fn, src_ids, batch_size, what=''):
   batches = batching.eval_batches(src_ids, None, batch_size, (source_bucket(src_ids),))
   outputs = [None] * len(src_ids)
   progress = metrics.Progress(0, len(batches), what)
-  start = time.perf_counter()
-  report_every = max(1, len(batches) // 5)
+  start = last_report = time.perf_counter()
   for n, (indices, src) in enumerate(batches):
     out = jax.device_get(fn(jnp.asarray(src)))
     for row, index in enumerate(indices):
       if index >= 0:
         outputs[index] = jax.tree.map(lambda x, row=row: x[row] if x.ndim else x, out)
-    if what and (n + 1) % report_every == 0 and len(batches) > 5:
+    if what and time.perf_counter() - last_report > PROGRESS_EVERY_S:
+      last_report = time.perf_counter()
       logging.info('%s', progress.line(n + 1))
   return outputs, time.perf_counter() - start
 

@@ -81,7 +81,8 @@ def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing):
     (loss, aux), grads = grad_fn(state['params'], batch, dropout_rng)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
-    out = {'loss': loss, 'grad_norm': optax.global_norm(grads), **aux}
+    grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+    out = {'loss': loss, 'grad_norm': grad_norm, **aux}
     return {'params': params, 'opt_state': opt_state}, out
   return train_step
 
@@ -189,7 +190,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         writer.scalars(step, scalars, prefix='train')
         logging.info('%s | loss %.4f | head accuracy %s', progress.line(step), scalars['loss'],
                      ' '.join(f'{a:.3f}' for a in out['acc_K']))
-      if step % tc.eval_every == 0 or step == tc.num_steps:
+      if tc.eval_every and (step % tc.eval_every == 0 or step == tc.num_steps):
         eval_metrics = evaluate_during_training(state['params'], eval_step, decoder, tokenizer, eval_data,
                                                 tc.batch_size, dc.bucket_lengths)
         writer.scalars(step, eval_metrics, prefix='eval')

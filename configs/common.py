@@ -56,7 +56,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.head_loss = 'mean'
   c.train.checkpoint_every = 500
   c.train.keep_checkpoints = 3
-  c.train.eval_every = 1000
+  c.train.eval_every = 1000  # 0: never
   c.train.log_every = 100
 
   c.decode = ml_collections.ConfigDict()

@@ -192,7 +192,7 @@ def copy_atomically(src: str, dst: str) -> None:
 
 
 def execute(step: Step, runner: str) -> None:
-  """Runs one step; raises SweepError if it fails. Afterwards step.done() holds."""
+  """Runs one step; afterwards step.done() holds. Raises CalledProcessError or SweepError if it fails."""
   run = step.run
   if runner == 'local':
     subprocess.run(main_command() + step.args, check=True)

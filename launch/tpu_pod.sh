@@ -5,6 +5,7 @@
 #   launch/tpu_pod.sh setup                put the repo on every worker and install it there with jax[tpu]
 #   launch/tpu_pod.sh copy SRC [DEST]      copy a local file or folder into folder DEST on every worker
 #   launch/tpu_pod.sh run ARGS...          launch/run_on_host.sh ARGS (= python -m bpd.main ARGS) on every worker
+#   launch/tpu_pod.sh wait                 wait until the run started by `run` has ended on every worker
 #   launch/tpu_pod.sh stop                 stop (SIGTERM: checkpoint, then exit) the run started by `run`
 #   launch/tpu_pod.sh logs [WORKER]        follow ~/bpd.log of a worker (default 0)
 #   launch/tpu_pod.sh fetch REMOTE LOCAL   copy a file or folder from worker 0 to this machine
@@ -162,6 +163,13 @@ cmd_run() {
   fi
 }
 
+cmd_wait() {
+  # Polls rather than holding a pipe to the run: a dropped connection leaves the run alone; wait again.
+  on_all_workers 'while [ -f ~/bpd.pid ] && kill -0 "$(cat ~/bpd.pid)" 2> /dev/null; do sleep 30; done
+    echo "$(hostname): no run going; the end of ~/bpd.log:"
+    tail -n 3 ~/bpd.log 2> /dev/null || true'
+}
+
 cmd_stop() {
   on_all_workers 'if [ -f ~/bpd.pid ]; then kill "$(cat ~/bpd.pid)" 2> /dev/null || true; rm -f ~/bpd.pid; fi'
 }
@@ -189,7 +197,7 @@ main() {
   local sub=$1
   shift
   case "$sub" in
-    create | setup | copy | run | stop | logs | fetch | status | delete) ;;
+    create | setup | copy | run | wait | stop | logs | fetch | status | delete) ;;
     -h | --help | help) usage ;;
     *) echo "tpu_pod.sh: unknown subcommand '$sub'" >&2; usage ;;
   esac

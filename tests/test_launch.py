@@ -244,6 +244,23 @@ def test_run_refuses_while_a_background_run_is_going(fake):
   assert main_calls(fake) == []
 
 
+def test_wait_returns_once_the_background_run_has_ended(fake):
+  make_remote_home(fake)
+  run([TPU_POD, 'run', '--workdir=runs/x', '--mode=train'], fake.env)
+  pid = int((fake.home / 'bpd.pid').read_text())
+  deadline = time.time() + 20  # wait polls every 30 s: let the (short) run end first
+  while time.time() < deadline:
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      break
+    time.sleep(0.05)
+  result = run([TPU_POD, 'wait'], fake.env)
+  assert 'no run going; the end of ~/bpd.log:' in result.stdout
+  assert 'run_on_host:' in result.stdout  # the log's last lines
+  assert '--worker=all' in gcloud_calls(fake)[-1] and len(main_calls(fake)) == 1
+
+
 def test_logs_stop_fetch_copy_status_delete(fake):
   for args in (['logs'], ['logs', '3'], ['stop'], ['fetch', 'runs/a/decode/results.json', 'out/r.json'],
                ['copy', '../shared/data/multi30k', '../shared/data'], ['status'], ['delete']):
@@ -251,7 +268,7 @@ def test_logs_stop_fetch_copy_status_delete(fake):
   logs, logs3, stop, fetch, copy_mkdir, copy, status, delete = gcloud_calls(fake)
   assert logs[3:5] == ['ssh', 'bpd-test'] and '--worker=0' in logs and 'tail' in flag(logs, 'command')
   assert '~/bpd.log' in flag(logs, 'command') and '--worker=3' in logs3
-  assert '--worker=all' in stop and 'kill' in flag(stop, 'command')
+  assert '--worker=all' in stop and 'kill' in flag(stop, 'command') and '~/bpd.pid' in flag(stop, 'command')
   assert fetch[3:] == ['scp', '--recurse', 'bpd-test:bpd/runs/a/decode/results.json', 'out/r.json',
                        '--worker=0', *ZONE_PROJECT]
   assert (fake.tmp / 'out').is_dir()  # made for the fetched file

@@ -36,6 +36,9 @@ def check_source(data_config, need_splits=()):
                       'val.en / val.de, ... (e.g. --config.data.dir=../shared/data/multi30k).')
     for split in need_splits:
       text_files.check_split(data_config.dir, split, data_config.src_lang, data_config.tgt_lang)
+  if data_config.source == 'tfds':
+    for split in need_splits:
+      wmt14.prepared_builder(split, data_config.tfds_data_dir)
   if data_config.distilled_from:
     for lang in (data_config.src_lang, data_config.tgt_lang):
       path = os.path.join(data_config.distilled_from, DISTILL_DIR, f'train.{lang}')

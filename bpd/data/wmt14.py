@@ -35,19 +35,8 @@ def _as_text(value) -> str:
   return value.decode('utf-8') if isinstance(value, bytes) else str(value)
 
 
-def load_split(split: str, tfds_data_dir: str | None,
-               max_examples: int | None = None) -> tuple[list[str], list[str]]:
-  """Returns (English sentences, German sentences) of a prepared split, in the stored order.
-
-  Args:
-    split: 'train', 'validation' (newstest2013) or 'test' (newstest2014).
-    tfds_data_dir: the TFDS data folder holding wmt14_translate/de-en/<version>/; None means TFDS's default
-      (~/tensorflow_datasets or $TFDS_DATA_DIR).
-    max_examples: read only the first this many examples (None: all).
-
-  Raises UserError, without downloading anything, if the dataset is not prepared in `tfds_data_dir` or was
-  prepared in a format without random access.
-  """
+def prepared_builder(split: str, tfds_data_dir: str | None):
+  """The TFDS builder of a prepared WMT14; UserError at once (no download) for a bad split or missing data."""
   if split not in SPLITS:
     raise UserError(f'Unknown WMT14 split {split!r}: choose one of {", ".join(SPLITS)}.')
   # Imported here: TFDS takes a second to import, and most runs use other data.
@@ -62,6 +51,23 @@ def load_split(split: str, tfds_data_dir: str | None,
         f'WMT14 ({TFDS_NAME}) is not prepared in {builder.data_dir!r} (config.data.tfds_data_dir='
         f'{tfds_data_dir!r}), and it cannot be downloaded from here.\n'
         + _prepare_instructions(tfds_data_dir or '<dir>'))
+  return builder
+
+
+def load_split(split: str, tfds_data_dir: str | None,
+               max_examples: int | None = None) -> tuple[list[str], list[str]]:
+  """Returns (English sentences, German sentences) of a prepared split, in the stored order.
+
+  Args:
+    split: 'train', 'validation' (newstest2013) or 'test' (newstest2014).
+    tfds_data_dir: the TFDS data folder holding wmt14_translate/de-en/<version>/; None means TFDS's default
+      (~/tensorflow_datasets or $TFDS_DATA_DIR).
+    max_examples: read only the first this many examples (None: all).
+
+  Raises UserError, without downloading anything, if the dataset is not prepared in `tfds_data_dir` or was
+  prepared in a format without random access.
+  """
+  builder = prepared_builder(split, tfds_data_dir)
   try:
     source = builder.as_data_source(split=split)
   except (NotImplementedError, ValueError) as e:

@@ -1,0 +1,283 @@
+"""The day-to-day pipeline through its real entry points, on tiny configs: train, resume, freeze, decode,
+distill, and a clear error for every bad input."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bpd import checkpoint
+from bpd import distill
+from bpd import evaluate
+from bpd import train
+from bpd.data import synthetic
+from bpd.data import tokenizer as tokenizer_lib
+from bpd.errors import UserError
+from configs import demo
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(**overrides):
+  """The demo config, shrunk: 2k synthetic pairs, one length bucket (one compile), a few steps."""
+  c = demo.get_config()
+  c.data.synthetic_train_size = 2000
+  c.data.vocab_size = 200
+  c.data.bucket_lengths = (40,)
+  c.data.max_eval_examples = 16
+  c.train.batch_size = 16
+  c.train.num_steps = 12
+  c.train.checkpoint_every = 4
+  c.train.log_every = 4
+  c.train.eval_every = 0
+  c.decode.ks = (2, 3)
+  c.decode.criteria = ('exact', 'top_k:2')
+  c.decode.batch_sizes = (8,)
+  c.decode.max_examples = 12
+  c.decode.max_len = 24
+  c.distill.beam_size = 2
+  c.distill.max_len = 24
+  c.distill.batch_size = 16
+  for key, value in overrides.items():
+    target = c
+    *path, last = key.split('.')
+    for part in path:
+      target = target[part]
+    target[last] = value
+  return c
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """A base model (12 steps) and a 3-head fine-tuned model (8 steps) on top of it."""
+  root = tmp_path_factory.mktemp('runs')
+  base_dir, heads_dir = str(root / 'base'), str(root / 'k3')
+  train.train_and_evaluate(tiny_config(), base_dir)
+  train.train_and_evaluate(tiny_config(**{'k': 3, 'train.regime': 'finetune', 'train.init_from': base_dir,
+                                          'train.num_steps': 8}), heads_dir)
+  return base_dir, heads_dir
+
+
+def _params(workdir):
+  return jax.device_get(checkpoint.load_params(workdir)[1])
+
+
+def test_frozen_training_leaves_base_parameters_bitwise_unchanged(trained, tmp_path):
+  base_dir, _ = trained
+  frozen_dir = str(tmp_path / 'frozen')
+  train.train_and_evaluate(tiny_config(**{'k': 3, 'train.regime': 'frozen', 'train.init_from': base_dir,
+                                          'train.num_steps': 4}), frozen_dir)
+  base, frozen = _params(base_dir), _params(frozen_dir)
+  assert set(frozen) == set(base) | {'multi_output'}
+  for name in base:
+    jax.tree.map(np.testing.assert_array_equal, frozen[name], base[name])
+  fresh = _params(frozen_dir)['multi_output']
+  assert any(np.abs(x).sum() > 0 for x in jax.tree.leaves(fresh))
+
+
+def test_finetune_moves_base_parameters(trained):
+  base_dir, heads_dir = trained
+  base, heads = _params(base_dir), _params(heads_dir)
+  assert not np.array_equal(base['decoder_norm']['scale'], heads['decoder_norm']['scale'])
+
+
+def test_decode_sweep_writes_results_tables_hypotheses_and_plots(trained):
+  _, heads_dir = trained
+  records = evaluate.decode_sweep(tiny_config(k=3), heads_dir)
+  out = os.path.join(heads_dir, 'decode')
+  on_disk = json.load(open(os.path.join(out, 'results.json')))
+  assert on_disk == json.loads(json.dumps(records))
+  settings = {(r['k'], r['criterion']) for r in records}
+  assert settings == {(1, 'greedy'), (2, 'exact'), (2, 'top_k:2'), (3, 'exact'), (3, 'top_k:2')}
+  for r in records:
+    for key in ('split', 'k', 'criterion', 'batch_size', 'quality', 'mean_accepted_block_size', 'iterations',
+                'invocations', 'tokens', 'seconds', 'greedy_seconds', 'speedup', 'identical_to_greedy'):
+      assert key in r, key
+    assert r['tokens'] > 0 and r['seconds'] > 0
+    assert r['invocations'] == r['iterations'] + (12 if r['criterion'] != 'greedy' else 0)
+    if r['criterion'] in ('exact', 'greedy'):
+      assert r['identical_to_greedy'] == 1.0 and r['quality'] == records[0]['quality']
+    assert 1.0 <= r['mean_accepted_block_size'] <= r['k']
+  for name in ('results.md', 'test.b8.png', 'test.greedy.b8.txt', 'test.k3.top_k2.b8.txt'):
+    assert os.path.exists(os.path.join(out, name)), name
+  lines = open(os.path.join(out, 'test.k2.exact.b8.txt'), encoding='utf-8').read().split('\n')
+  assert len(lines) == 12 + 1  # one line per source sentence, then the final newline
+
+
+def test_distill_writes_an_aligned_corpus_and_training_uses_it(trained, tmp_path):
+  base_dir, _ = trained
+  teacher = str(tmp_path / 'teacher')
+  shutil.copytree(base_dir, teacher)
+  config = tiny_config(**{'data.synthetic_train_size': 40})
+  out = distill.distill(config, teacher)
+  src = open(os.path.join(out, 'train.en'), encoding='utf-8').read().split('\n')
+  tgt = open(os.path.join(out, 'train.de'), encoding='utf-8').read().split('\n')
+  assert len(src) == len(tgt) == 41
+  # Resumes: the chunk is not decoded again.
+  before = os.path.getmtime(os.path.join(out, 'parts', 'part-00000.de'))
+  distill.distill(config, teacher)
+  assert os.path.getmtime(os.path.join(out, 'parts', 'part-00000.de')) == before
+  student = str(tmp_path / 'student')
+  train.train_and_evaluate(tiny_config(**{'data.distilled_from': teacher, 'train.num_steps': 2}), student)
+  assert checkpoint.latest_step(student) == 2
+
+
+def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path):
+  workdir = str(tmp_path / 'nan')
+  train.train_and_evaluate(tiny_config(**{'train.num_steps': 4}), workdir)
+  with pytest.raises(UserError, match='diverged.*last good checkpoint'):
+    train.train_and_evaluate(tiny_config(**{'train.num_steps': 12, 'train.learning_rate': 1e30,
+                                            'train.warmup_steps': 1}), workdir)
+  assert checkpoint.latest_step(workdir) == 4
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(workdir)))
+
+
+def _main(workdir, *flags, env=None):
+  cmd = [sys.executable, '-m', 'bpd.main', '--config=configs/demo.py', f'--workdir={workdir}',
+         '--config.data.synthetic_train_size=2000', '--config.data.vocab_size=200',
+         '--config.data.bucket_lengths=(40,)', '--config.train.batch_size=16', '--config.train.eval_every=0',
+         '--config.train.log_every=1', *flags]
+  return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_killed_and_resumed_run_ends_with_the_same_parameters(tmp_path):
+  killed = str(tmp_path / 'killed')
+  proc = _main(killed, '--config.train.num_steps=1000', '--config.train.checkpoint_every=3')
+  deadline = time.time() + 240
+  while (checkpoint.latest_step(killed) or 0) < 6 and time.time() < deadline and proc.poll() is None:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  resumed_from = checkpoint.latest_step(killed)
+  assert resumed_from is not None and resumed_from >= 6, proc.stderr.read()[-2000:]
+  final = resumed_from + 4
+  train.train_and_evaluate(tiny_config(**{'train.num_steps': final, 'train.checkpoint_every': 3}), killed)
+  straight = str(tmp_path / 'straight')
+  train.train_and_evaluate(tiny_config(**{'train.num_steps': final, 'train.checkpoint_every': 3}), straight)
+  a, b = _params(killed), _params(straight)
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+  workdir = str(tmp_path / 'term')
+  proc = _main(workdir, '--config.train.num_steps=100000', '--config.train.checkpoint_every=100000')
+  deadline = time.time() + 240
+  log = ''
+  while time.time() < deadline and proc.poll() is None:
+    time.sleep(0.5)
+    if os.path.exists(os.path.join(workdir, 'model.json')):
+      break
+  time.sleep(8)  # let it compile and take some steps
+  proc.send_signal(signal.SIGTERM)
+  _, log = proc.communicate(timeout=120)
+  assert proc.returncode == 0, log[-2000:]
+  step = checkpoint.latest_step(workdir)
+  assert step is not None and 0 < step < 100000
+  assert 'rerun the same command to resume' in log
+
+
+# -- clear errors, before any compile, nothing lost --------------------------------------------------------
+
+def _expect_error(match, fn, *args):
+  start = time.time()
+  with pytest.raises(UserError, match=match):
+    fn(*args)
+  assert time.time() - start < 10  # fails fast: nothing compiled, nothing downloaded
+
+
+def _text_dir(tmp_path, train_lines=('a b', 'c d'), val_src=('x',), val_tgt=('y',)):
+  d = tmp_path / 'text'
+  d.mkdir()
+  (d / 'train.en').write_text('\n'.join(train_lines) + '\n')
+  (d / 'train.de').write_text('\n'.join(train_lines) + '\n')
+  (d / 'val.en').write_text('\n'.join(val_src) + '\n')
+  (d / 'val.de').write_text('\n'.join(val_tgt) + '\n')
+  return str(d)
+
+
+def test_error_missing_data_dir(tmp_path):
+  _expect_error(r'does not exist.*config\.data\.dir', train.train_and_evaluate,
+                tiny_config(**{'data.source': 'text', 'data.dir': str(tmp_path / 'nope')}), str(tmp_path / 'w'))
+
+
+def test_error_missing_file(tmp_path):
+  d = _text_dir(tmp_path)
+  os.remove(os.path.join(d, 'val.de'))
+  _expect_error(r"val\.de' not found.*splits there with both files are: train", train.train_and_evaluate,
+                tiny_config(**{'data.source': 'text', 'data.dir': d}), str(tmp_path / 'w'))
+
+
+def test_error_line_counts_differ(tmp_path):
+  d = _text_dir(tmp_path, val_src=('x', 'z'), val_tgt=('y',))
+  _expect_error(r'has 2 lines but .*val\.de\' has 1', train.train_and_evaluate,
+                tiny_config(**{'data.source': 'text', 'data.dir': d}), str(tmp_path / 'w'))
+
+
+def test_error_k_below_one(tmp_path):
+  _expect_error(r'config\.k=0', train.train_and_evaluate, tiny_config(k=0), str(tmp_path / 'w'))
+
+
+@pytest.mark.parametrize('criterion, match', [
+    ('fastest', 'Unknown criterion'),
+    ('top_k:0', 'top_k needs T >= 1'),
+    ('distance:-2', 'distance needs EPS >= 0'),
+    ('min_block:4', 'at most k=3'),
+])
+def test_error_bad_criteria(trained, criterion, match):
+  _, heads_dir = trained
+  _expect_error(match, evaluate.decode_sweep, tiny_config(**{'decode.criteria': (criterion,)}), heads_dir)
+
+
+def test_error_sweep_k_larger_than_checkpoint(trained):
+  _, heads_dir = trained
+  _expect_error(r"contains 5, but the checkpoint .* has k=3", evaluate.decode_sweep,
+                tiny_config(**{'decode.ks': (2, 5)}), heads_dir)
+
+
+def test_error_init_from_a_different_model_size(trained, tmp_path):
+  base_dir, _ = trained
+  config = tiny_config(**{'k': 3, 'train.regime': 'finetune', 'train.init_from': base_dir, 'model.size': 'small'})
+  _expect_error(r'different size or vocabulary .*d_model: 64 there, 256 here', train.train_and_evaluate, config,
+                str(tmp_path / 'w'))
+
+
+def test_error_init_from_a_different_vocabulary(trained, tmp_path):
+  base_dir, _ = trained
+  workdir = str(tmp_path / 'w')
+  src, tgt = synthetic.make_corpus(0, num_train=500)['train']
+  tokenizer_lib.train_or_load(workdir, src + tgt, vocab_size=150)  # this workdir already has its own
+  config = tiny_config(**{'k': 3, 'train.regime': 'finetune', 'train.init_from': base_dir})
+  _expect_error(r'different size or vocabulary .*vocab_size: 200 there, 150 here', train.train_and_evaluate,
+                config, workdir)
+
+
+def test_error_init_from_without_a_model(tmp_path):
+  config = tiny_config(**{'k': 3, 'train.regime': 'frozen', 'train.init_from': str(tmp_path)})
+  _expect_error('holds no trained model', train.train_and_evaluate, config, str(tmp_path / 'w'))
+
+
+def test_error_unwritable_workdir(tmp_path):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('not a folder')
+  _expect_error('Cannot write to --workdir', train.train_and_evaluate, tiny_config(), str(blocker / 'run'))
+
+
+def test_error_tfds_not_prepared_fails_fast(tmp_path):
+  config = tiny_config(**{'data.source': 'tfds', 'data.tfds_data_dir': str(tmp_path / 'tfds'),
+                          'data.train_split': 'train', 'data.eval_split': 'validation'})
+  _expect_error(r'(?s)not prepared.*tfds build', train.train_and_evaluate, config, str(tmp_path / 'w'))
+
+
+def test_cli_prints_one_clear_line_and_no_traceback(tmp_path):
+  proc = _main(str(tmp_path / 'w'), '--config.k=0')
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode != 0
+  assert 'error: config.k=0' in err
+  assert 'Traceback' not in err
