@@ -12,6 +12,7 @@ import os
 import signal
 
 from absl import logging
+from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
@@ -23,9 +24,13 @@ ITEMS = ('params', 'opt_state')
 MODEL_CONFIG_FILE = 'model.json'
 
 
+def _absolute(path: str) -> str:
+  """orbax wants absolute paths; a gs:// (or other URL) path is left as it is."""
+  return path if '://' in path else os.path.abspath(path)
+
+
 def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
-  path = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
-  return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+  return ocp.CheckpointManager(_absolute(os.path.join(workdir, CHECKPOINT_DIR)), options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: dict) -> None:
@@ -44,26 +49,24 @@ def restore(mngr: ocp.CheckpointManager, template: dict, step: int | None = None
 
 def latest_step(workdir: str) -> int | None:
   path = os.path.join(workdir, CHECKPOINT_DIR)
-  if not os.path.isdir(path):
+  if not epath.Path(path).is_dir():
     return None
-  return ocp.CheckpointManager(os.path.abspath(path)).latest_step()
+  return ocp.CheckpointManager(_absolute(path)).latest_step()
 
 
 def write_model_config(workdir: str, config: model_lib.ModelConfig) -> None:
-  tmp = os.path.join(workdir, MODEL_CONFIG_FILE + '.tmp')
-  with open(tmp, 'w') as f:
-    json.dump(dataclasses.asdict(config), f, indent=1)
-  os.replace(tmp, os.path.join(workdir, MODEL_CONFIG_FILE))
+  tmp = epath.Path(workdir) / (MODEL_CONFIG_FILE + '.tmp')
+  tmp.write_text(json.dumps(dataclasses.asdict(config), indent=1))
+  tmp.replace(epath.Path(workdir) / MODEL_CONFIG_FILE)
 
 
 def read_model_config(workdir: str, what: str = '--workdir') -> model_lib.ModelConfig:
   """The ModelConfig a workdir was trained with; UserError if the workdir holds no trained model."""
   path = os.path.join(workdir, MODEL_CONFIG_FILE)
-  if not os.path.exists(path) or latest_step(workdir) is None:
+  if not epath.Path(path).exists() or latest_step(workdir) is None:
     raise UserError(f'{what}={workdir!r} holds no trained model ({path} or {workdir}/{CHECKPOINT_DIR}/ is '
                     'missing). Train one there first with --mode=train, or point at the workdir of a run that did.')
-  with open(path) as f:
-    return model_lib.ModelConfig(**json.load(f))
+  return model_lib.ModelConfig(**json.loads(epath.Path(path).read_text()))
 
 
 def load_params(workdir: str, what: str = '--workdir') -> tuple[model_lib.ModelConfig, dict, int]:

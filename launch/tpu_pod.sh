@@ -23,8 +23,8 @@
 #   BPD_REPO           local folder (copied) or git URL (cloned) for setup (default: this checkout)
 #   BPD_REMOTE_DIR     the repo's folder on the workers, relative to home (default bpd)
 #   BPD_TPU_PIP        pip arguments setup installs besides the package (default: jax[tpu] and libtpu's index)
-#   BPD_BUCKET         optional: setup mounts this GCS bucket with gcsfuse at ~/bpd-runs on every worker. Multi-host
-#                      checkpoints need a folder that all hosts share: use workdirs under ../bpd-runs/ then.
+#   BPD_BUCKET         optional: setup mounts this GCS bucket with gcsfuse at ~/bpd-runs on every worker.
+#                      Multi-host checkpoints need a folder all hosts share: then use workdirs in ../bpd-runs/.
 #   BPD_FOREGROUND     1: run waits for all workers and shows their output; otherwise it starts them with nohup,
 #                      writing ~/bpd.log on each worker, and returns
 set -euo pipefail
@@ -112,13 +112,17 @@ cmd_setup() {
   if [[ -n "${BPD_BUCKET:-}" ]]; then
     # gcsfuse from Google's apt repository. Directory renames (orbax's atomic checkpoint commit) need
     # --rename-dir-limit on a bucket without hierarchical namespace.
+    local apt_source="deb [signed-by=/usr/share/keyrings/cloud.google.asc] https://packages.cloud.google.com/apt"
     mount="if ! command -v gcsfuse > /dev/null; then
-      echo 'deb [signed-by=/usr/share/keyrings/cloud.google.asc] https://packages.cloud.google.com/apt gcsfuse-'\$(lsb_release -cs)' main' | sudo tee /etc/apt/sources.list.d/gcsfuse.list > /dev/null
-      curl -fsS https://packages.cloud.google.com/apt/doc/apt-key.gpg | sudo tee /usr/share/keyrings/cloud.google.asc > /dev/null
+      echo \"$apt_source gcsfuse-\$(lsb_release -cs) main\" |
+        sudo tee /etc/apt/sources.list.d/gcsfuse.list > /dev/null
+      curl -fsS https://packages.cloud.google.com/apt/doc/apt-key.gpg |
+        sudo tee /usr/share/keyrings/cloud.google.asc > /dev/null
       sudo apt-get -qq update && sudo apt-get -qq install -y gcsfuse
     fi
     mkdir -p ~/bpd-runs
-    mountpoint -q ~/bpd-runs || gcsfuse --implicit-dirs --rename-dir-limit=1000000 $(quote "$BPD_BUCKET") ~/bpd-runs"
+    mountpoint -q ~/bpd-runs ||
+      gcsfuse --implicit-dirs --rename-dir-limit=1000000 $(quote "$BPD_BUCKET") ~/bpd-runs"
   fi
   local venv_tools="python3 -c 'import ensurepip' 2> /dev/null ||
     { sudo apt-get -qq update && sudo apt-get -qq install -y python3-venv; }"
@@ -139,12 +143,12 @@ cmd_copy() {
 }
 
 cmd_run() {
-  [[ $# -ge 1 ]] || die "usage: tpu_pod.sh run --config=configs/NAME.py --workdir=DIR [--mode=...] [--config.X=Y ...]"
+  [[ $# -ge 1 ]] || die "usage: tpu_pod.sh run --config=configs/NAME.py --workdir=DIR [--mode=M] [--config.X=Y]"
   # Every worker joins jax.distributed; on a single-host TPU VM that is a group of one.
   local launch busy
   launch="launch/run_on_host.sh $(quote "$@")"
   busy="if [ -f ~/bpd.pid ] && kill -0 \$(cat ~/bpd.pid) 2> /dev/null; then
-    echo \"\$(hostname): a run is still going (pid \$(cat ~/bpd.pid)); see tpu_pod.sh logs, or tpu_pod.sh stop\" >&2
+    echo \"\$(hostname): a run is still going (pid \$(cat ~/bpd.pid)); see tpu_pod.sh logs or stop\" >&2
     exit 1
   fi"
   if [[ "${BPD_FOREGROUND:-0}" == 1 ]]; then

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -110,14 +111,9 @@ def fake(tmp_path):
   home.mkdir()
   env = {k: v for k, v in os.environ.items() if not k.startswith(('BPD_', 'TPU_', 'CLOUD_TPU_', 'FAKE_'))}
   env.update(POD_ENV, PATH=f'{bin_dir}:{os.environ["PATH"]}', HOME=str(home),
-             FAKE_GCLOUD_LOG=str(tmp_path / 'gcloud.log'), FAKE_MAIN_LOG=str(tmp_path / 'main.log'), FAKE_SANDBOX=str(tmp_path))
-
-  class Fake:
-    pass
-
-  fake = Fake()
-  fake.env, fake.main, fake.home, fake.tmp = env, main, home, tmp_path
-  return fake
+             FAKE_GCLOUD_LOG=str(tmp_path / 'gcloud.log'), FAKE_MAIN_LOG=str(tmp_path / 'main.log'),
+             FAKE_SANDBOX=str(tmp_path))
+  return types.SimpleNamespace(env=env, main=main, home=home, tmp=tmp_path)
 
 
 def read_lines(path):
@@ -212,6 +208,7 @@ def test_setup_clones_a_git_url_and_can_mount_a_bucket(fake):
   assert 'git clone https://github.com/someone/bpd.git bpd' in command
   assert 'gcsfuse --implicit-dirs --rename-dir-limit=1000000 my-bucket ~/bpd-runs' in command
   assert 'BPD_INSTALL_ONLY=1 bpd/launch/run_on_host.sh' in command
+  assert subprocess.run(['bash', '-n', '-c', command]).returncode == 0  # parses as a shell script
 
 
 @pytest.mark.parametrize('foreground', [True, False])
@@ -407,7 +404,8 @@ def test_sweep_local_runs_collects_tables_and_resumes(fake):
   table = (root / 'sweep_results.md').read_text()
   assert table.splitlines()[0] == ('| run | split | k | criterion | batch | quality | mean accepted block size '
                                    '| speedup | identical to greedy |')
-  assert '| k=2+train.regime=frozen+decode.ks=1-2-4 | val | 2 | exact | 32 | 20.00 | 1.50 | 1.50 | yes |' in table
+  row_line = '| k=2+train.regime=frozen+decode.ks=1-2-4 | val | 2 | exact | 32 | 20.00 | 1.50 | 1.50 | yes |'
+  assert row_line in table
   assert table in first.stdout
 
   again = sweep(fake, *args)  # everything is done: nothing runs, the same table comes out
