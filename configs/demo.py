@@ -32,7 +32,7 @@ def get_config(arg: str | None = None):
   c.train.eval_every = 300
   c.train.log_every = 50
   c.decode.splits = ('test',)
-  c.decode.ks = (2, 3, 4)
+  c.decode.ks = tuple(k for k in (2, 3, 4) if k <= c.k)
   c.decode.criteria = ('exact', 'top_k:2', 'min_block:2')
   c.decode.batch_sizes = (32,)
   c.decode.max_len = 40

@@ -24,6 +24,7 @@ def get_config(arg: str | None = None):
   c.train.batch_size = 64
   c.train.warmup_steps = 1000
   c.decode.splits = ('test_2016_flickr',)
+  c.decode.ks = tuple(k for k in (1, 2, 4, 6, 8, 10) if k <= c.k)
   c.decode.max_len = 48
   c.decode.batch_sizes = (1, 32)
   if 'runlocal' in args:
