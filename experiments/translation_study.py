@@ -1,0 +1,186 @@
+r"""The paper's translation study (Tables 1-2, §6-§7), stage by stage, each stage skipped when its output exists.
+
+  python -m experiments.translation_study --config=configs/multi30k_ende.py --workdir=runs/m30k_study
+
+Stages (an interrupted study resumes at the stage it was in; training resumes from its checkpoint):
+  1. base        a plain Transformer (k = 1)                                    W/base
+  2. distill     the base model's beam-search translations of the training set  W/base/distill
+  3. heads       k-head models from the base: {frozen, finetune} x {original, distilled}   W/<regime>_<data>
+                 (the largest k is trained once; smaller k' decode with its first k' heads, which is exactly
+                 a k'-head model with this multi-output layer)
+  4. decode      every model on every evaluation split: greedy, and blockwise for k' in --ks and each criterion,
+                 at each batch size                                               W/<model>/decode[_<split>]
+  5. table       one paper-style table: W/study.md, W/study.csv, W/study.json, and plots W/study_<split>.png
+--stages picks a subset; --grid_regimes / --grid_data cut the grid to fit a time budget.
+Evaluation splits come as NAME or NAME@DIR (a split of parallel text in another folder, e.g. the out-of-domain
+newstest2013@../shared/data/wmt14).
+"""
+
+import csv
+import dataclasses
+import json
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from bpd import checkpoint
+from bpd import distill
+from bpd import evaluate
+from bpd import metrics
+from bpd import report
+from bpd import train
+from bpd.data import pipeline
+
+_CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_ende.py', 'The study config.')
+_WORKDIR = flags.DEFINE_string('workdir', 'runs/m30k_study', 'Root folder of the study.')
+_STAGES = flags.DEFINE_list('stages', ['base', 'distill', 'heads', 'decode', 'table'], 'Stages to run.')
+_REGIMES = flags.DEFINE_list('grid_regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
+_DATA = flags.DEFINE_list('grid_data', ['original', 'distilled'], 'Training data of the k-head models.')
+_SPLITS = flags.DEFINE_list('splits', ['test_2016_flickr', 'newstest2013@../shared/data/wmt14'],
+                            'Evaluation splits: NAME (in config.data.dir) or NAME@DIR.')
+_KS = flags.DEFINE_list('ks', ['1', '2', '4', '6', '8', '10'], "Heads k' to decode with (<= config.k).")
+_CRITERIA = flags.DEFINE_list('criteria', ['exact', 'top_k:2', 'min_block:2', 'min_block:3'], 'Criteria.')
+_BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '32'], 'Decode batch sizes.')
+_MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 0, 'Decode at most this many examples per split (0: all).')
+_BASE_STEPS = flags.DEFINE_integer('base_steps', 0, 'Override config.train.num_steps for the base (0: keep).')
+_HEAD_STEPS = flags.DEFINE_integer('head_steps', 0, 'Override config.train.num_steps for k-head models.')
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the study runs: the flags above, as one value the stage functions take."""
+  stages: tuple = ('base', 'distill', 'heads', 'decode', 'table')
+  regimes: tuple = ('frozen', 'finetune')
+  data: tuple = ('original', 'distilled')
+  splits: tuple = ('test_2016_flickr',)
+  ks: tuple = (1, 2, 4, 6, 8, 10)
+  criteria: tuple = ('exact', 'top_k:2')
+  batch_sizes: tuple = (1, 32)
+  max_examples: int = 0
+  base_steps: int = 0
+  head_steps: int = 0
+
+  @classmethod
+  def from_flags(cls):
+    return cls(stages=tuple(_STAGES.value), regimes=tuple(_REGIMES.value), data=tuple(_DATA.value),
+               splits=tuple(_SPLITS.value), ks=tuple(int(k) for k in _KS.value), criteria=tuple(_CRITERIA.value),
+               batch_sizes=tuple(int(b) for b in _BATCH_SIZES.value), max_examples=_MAX_EXAMPLES.value,
+               base_steps=plan.base_steps, head_steps=plan.head_steps)
+
+
+def _done_training(workdir, steps):
+  return (checkpoint.latest_step(workdir) or 0) >= steps
+
+
+def _config(base, **fields):
+  c = base.copy_and_resolve_references()
+  for key, value in fields.items():
+    target = c
+    *path, last = key.split('.')
+    for part in path:
+      target = target[part]
+    target[last] = value
+  return c
+
+
+def model_dirs(root, plan):
+  return {'base': os.path.join(root, 'base'),
+          **{f'{r}_{d}': os.path.join(root, f'{r}_{d}') for r in plan.regimes for d in plan.data}}
+
+
+def run_stages(config, root, plan: Plan):
+  base_dir = os.path.join(root, 'base')
+  base_cfg = _config(config, **{'train.regime': 'base', 'train.init_from': '', 'data.distilled_from': ''})
+  if plan.base_steps:
+    base_cfg.train.num_steps = plan.base_steps
+  stages = set(plan.stages)
+  if 'base' in stages and not _done_training(base_dir, base_cfg.train.num_steps):
+    logging.info('Stage base -> %s', base_dir)
+    train.train_and_evaluate(base_cfg, base_dir)
+  if 'distill' in stages and 'distilled' in plan.data and not os.path.exists(
+      os.path.join(base_dir, pipeline.DISTILL_DIR, f'train.{config.data.tgt_lang}')):
+    logging.info('Stage distill -> %s', os.path.join(base_dir, pipeline.DISTILL_DIR))
+    distill.distill(base_cfg, base_dir)
+  if 'heads' in stages:
+    for regime in plan.regimes:
+      for data in plan.data:
+        workdir = os.path.join(root, f'{regime}_{data}')
+        cfg = _config(config, **{'train.regime': regime, 'train.init_from': base_dir,
+                                 'data.distilled_from': base_dir if data == 'distilled' else ''})
+        if plan.head_steps:
+          cfg.train.num_steps = plan.head_steps
+        if not _done_training(workdir, cfg.train.num_steps):
+          logging.info('Stage heads: %s on %s data -> %s', regime, data, workdir)
+          train.train_and_evaluate(cfg, workdir)
+  if 'decode' in stages:
+    for name, workdir in model_dirs(root, plan).items():
+      for split in plan.splits:
+        decode_one(config, name, workdir, split, plan)
+  if 'table' in stages:
+    write_table(root, plan)
+
+
+def decode_one(config, name, workdir, split, plan):
+  split_name, _, split_dir = split.partition('@')
+  model_k = checkpoint.read_model_config(workdir).k
+  ks = tuple(k for k in plan.ks if k <= model_k)
+  if name == 'base':
+    ks = (1,)  # the base model has one head: its row is the greedy baseline of the study
+  cfg = _config(config, **{'data.distilled_from': '', 'decode.splits': (split_name,), 'decode.ks': ks,
+                           'decode.criteria': plan.criteria if name != 'base' else ('exact',),
+                           'decode.batch_sizes': plan.batch_sizes, 'decode.max_examples': plan.max_examples})
+  if split_dir:
+    cfg.data.dir = split_dir
+  out = os.path.join(workdir, f'decode_{split_name}')
+  if os.path.exists(os.path.join(out, 'results.json')):
+    return
+  logging.info('Stage decode: %s on %s', name, split_name)
+  evaluate.decode_sweep(cfg, workdir)
+  os.replace(os.path.join(workdir, evaluate.DECODE_DIR), out)
+
+
+def write_table(root, plan):
+  """study.md / .csv / .json and plots from every decode result of the study."""
+  rows = []
+  for name, workdir in model_dirs(root, plan).items():
+    if not os.path.isdir(workdir):
+      continue
+    for folder in sorted(os.listdir(workdir)):
+      path = os.path.join(workdir, folder, 'results.json')
+      if folder.startswith('decode_') and os.path.exists(path):
+        for r in json.load(open(path)):
+          regime, _, data = name.partition('_')
+          rows.append({'model': name, 'regime': regime, 'data': data or 'original', **r})
+  if not rows:
+    logging.warning('No decode results under %s yet.', root)
+    return
+  columns = [('model', 'model', '{}')] + report.COLUMNS
+  with open(os.path.join(root, 'study.md'), 'w') as f:
+    f.write(report.markdown_table(rows, columns) + '\n')
+  with open(os.path.join(root, 'study.json'), 'w') as f:
+    json.dump(rows, f, indent=1)
+  with open(os.path.join(root, 'study.csv'), 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+    writer.writeheader()
+    writer.writerows(rows)
+  for split in sorted({r['split'] for r in rows}):
+    for batch_size in sorted({r['batch_size'] for r in rows}):
+      for name in sorted({r['model'] for r in rows if r['model'] != 'base'}):
+        subset = [r for r in rows if r['split'] == split and r['batch_size'] == batch_size and r['model'] == name]
+        if subset:
+          report.plot(subset, os.path.join(root, f'study_{split}_b{batch_size}_{name}.png'),
+                      f'{name}: {split}, batch {batch_size}')
+  print(report.markdown_table(rows, columns))
+
+
+def main(argv):
+  del argv
+  metrics.quiet_library_logs()
+  run_stages(_CONFIG.value, _WORKDIR.value, Plan.from_flags())
+
+
+if __name__ == '__main__':
+  app.run(main)
