@@ -48,7 +48,9 @@ class Criterion:
   kind 'exact': ŷ == argmax p_1 (output identical to greedy decoding).
   kind 'top_k': ŷ is among the `top_k` most likely tokens of p_1 (paper: top-2 on translation).
   kind 'distance': |ŷ - argmax p_1| <= `eps`, for ordinal outputs such as pixel intensities (paper: 2).
-  min_block: accept at least this many tokens per iteration whatever the check says (paper §5.3).
+  min_block: accept at least this many tokens per iteration whatever the checks say (paper §5.3): k̂ is
+    max(verified prefix, min_block). (Not "accept min_block, then keep verifying the rest": a check that
+    failed inside the forced prefix is not skipped over.)
   Hashable, so it can be a static argument of jit.
   """
   kind: str = 'exact'
@@ -334,7 +336,8 @@ def beam_search(score_fn: ScoreFn, state: Any, *, batch_size: int, beam_size: in
     state = jax.tree.map(lambda x: x[(batch_pos_BxW + origin_BxW).reshape(-1)], state)
 
     # A hypothesis ends only where its EOS ranks among the W best candidates (as in fairseq): a runner-up
-    # EOS that the beam did not choose is dropped. With W = 1 this makes beam search exactly greedy.
+    # EOS that the beam did not choose is dropped. With W = 1 and alpha = 0 this makes beam search exactly
+    # greedy; with alpha > 0 a longer hypothesis may still beat greedy's on length-normalized score.
     ends_Bx2W = top_eos_Bx2W & (jnp.arange(2 * W)[None, :] < W)
     new_fin_Bx2W = jnp.where(ends_Bx2W, top_logp_Bx2W / brevity_penalty(alpha, step + 1), neg_inf)
     all_score = jnp.concatenate([fin_score_BxW, new_fin_Bx2W], axis=1)

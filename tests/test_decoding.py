@@ -245,3 +245,56 @@ def test_summarize_defines_mean_block_size_over_rows():
   assert stats['mean_accepted_block_size'] == 2.0  # (6 + 2) tokens / (2 + 2) iterations
   assert stats['row_invocations'] == 6 and stats['batch_invocations'] == 3
   assert stats['block_size_histogram'] == [2, 0, 2]
+
+
+# -- approximate criteria against an uncached reference ------------------------------------------------------
+
+def _score_from_scratch(stub, seed, eos_at, tokens):
+  """Head-1 logits [T, V] and hidden states at every position of [BOS] + tokens, with a fresh state (no cache)."""
+  state = stub.init_state(jnp.asarray([seed]), jnp.asarray([eos_at]), len(tokens) + 2)
+  logits, hidden, _ = stub.score_fn(state, jnp.asarray([[BOS] + list(tokens)], jnp.int32),
+                                    jnp.zeros((1,), jnp.int32))
+  return np.asarray(logits[0]), hidden
+
+
+def _reference_blockwise(stub, seed, eos_at, max_len, criterion):
+  """Blockwise decoding of one row written the slow, obvious way: every score recomputes the whole prefix.
+
+  Returns (tokens, iterations). Shares only `accept_mask` (tested above on hand-made logits) with the code.
+  """
+  out, iterations, k = [], 0, stub.k
+  while True:
+    j = len(out)
+    logits, hidden = _score_from_scratch(stub, seed, eos_at, out)
+    proposals = [int(np.argmax(logits[j]))]
+    if k > 1:
+      at_j = jax.tree.map(lambda x: x[:, j], hidden)
+      proposals += [int(t) for t in np.argmax(np.asarray(stub.propose_fn(at_j))[0], axis=-1)]
+    verify, _ = _score_from_scratch(stub, seed, eos_at, out + proposals)
+    checks = np.asarray(decoding.accept_mask(criterion, jnp.asarray([proposals[1:]], jnp.int32).reshape(1, k - 1),
+                                             jnp.asarray(verify[None, j + 1:j + k])))[0]
+    n = 1
+    while n < k and checks[n - 1]:
+      n += 1
+    accepted = proposals[:max(n, criterion.min_block)]
+    if EOS in accepted:
+      accepted = accepted[:accepted.index(EOS) + 1]
+    out += accepted[:max_len - j]
+    iterations += 1
+    if out[-1] == EOS or len(out) >= max_len:
+      return out, iterations
+
+
+@pytest.mark.parametrize('spec', ['top_k:2', 'top_k:3', 'distance:2', 'min_block:2', 'top_k:2+min_block:3',
+                                  'distance:1+min_block:2', 'exact'])
+def test_every_criterion_matches_an_uncached_reference(spec):
+  stub = Stub(vocab_size=16, k=4, head_accuracy=0.5, eos_rate=9)
+  rng = np.random.RandomState(sum(map(ord, spec)))
+  seed_B, eos_at_B = rng.randint(0, 2**31, size=4), rng.randint(1, 16, size=4)
+  _, block = run(stub, seed_B, eos_at_B, 13, decoding.parse_criterion(spec, k=4))
+  for b in range(4):
+    tokens, iterations = _reference_blockwise(stub, int(seed_B[b]), int(eos_at_B[b]), 13,
+                                              decoding.parse_criterion(spec, k=4))
+    length = int(block.length_B[b])
+    assert list(np.asarray(block.tokens_BxL[b])[:length]) == tokens
+    assert int(block.iterations_B[b]) == iterations
