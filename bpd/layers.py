@@ -7,8 +7,14 @@ a call writes T new positions starting at `start_B[b]` for row b, and each query
 positions <= its own. Positions after a row's accepted prefix hold stale keys of rejected tokens; they are
 masked (they lie after the query) and overwritten by the next call, so rolling back costs nothing.
 
+Local attention (for long targets such as the 3072 sub-pixels of a 32x32 image): with attention_block = W > 0
+the decoder self-attention is local 1D block attention (Image Transformer, Parmar et al. 2018, §3.2): positions
+are grouped in blocks of W, and the query at position p sees the keys q <= p in its own block and the previous
+one (q // W >= p // W - 1). Training computes it block by block in O(T·2W) (`local_block_attend`); decoding keeps
+the full-length cache and applies the same receptive field as a mask over it (`DecoderLayer.extend`).
+
 Shape letters: B batch, T new target positions in this call, S source length, L cache length,
-D d_model, H attention heads, K head dim (D // H), F feed-forward width.
+D d_model, H attention heads, K head dim (D // H), F feed-forward width, N blocks of W positions.
 """
 
 import jax
@@ -43,6 +49,42 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype) -> jax.Array:
   logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, NEG_INF)
   weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
   return jnp.einsum('bhts,bshk->bthk', weights_BxHxTxS, v_BxSxHxK)
+
+
+def local_block_attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block: int, dtype) -> jax.Array:
+  """Causal local 1D block self-attention over a whole sequence (Image Transformer, Parmar et al. 2018, §3.2).
+
+  The query at position p sees the keys q <= p with q // W >= p // W - 1 (W = `block`): its own block and the
+  previous one. Computed per block, so memory and FLOPs grow as T·2W rather than T²: the queries of block n
+  attend to a window of 2W keys, block n - 1 followed by block n. T is padded up to a multiple of W; padded
+  keys lie after every real query (causally masked) and padded queries are dropped. Returns [B, T, H, K].
+  """
+  batch, length, heads, depth = q_BxTxHxK.shape
+  num_blocks = -(-length // block)
+
+  def to_blocks(x_BxTxHxK):
+    x_BxTxHxK = jnp.pad(x_BxTxHxK, ((0, 0), (0, num_blocks * block - length), (0, 0), (0, 0)))
+    return x_BxTxHxK.reshape(batch, num_blocks, block, heads, depth)
+
+  def windows(x_BxTxHxK):
+    """[B * N, 2W, H, K]: block n - 1 then block n; block 0's previous block is zeros (masked below)."""
+    x_BxNxWxHxK = to_blocks(x_BxTxHxK)
+    prev_BxNxWxHxK = jnp.pad(x_BxNxWxHxK, ((0, 0), (1, 0), (0, 0), (0, 0), (0, 0)))[:, :-1]
+    window_BxNx2WxHxK = jnp.concatenate([prev_BxNxWxHxK, x_BxNxWxHxK], axis=2)
+    return window_BxNx2WxHxK.reshape(batch * num_blocks, 2 * block, heads, depth)
+
+  # Query i of block n sits at position n·W + i, key j of its window at n·W + j - W: causal is j <= i + W,
+  # and the window already holds exactly the two allowed blocks, except that block 0 has no previous block.
+  # (jnp, not np: built from iotas inside the program rather than a B·T·2W constant baked into it.)
+  query_W1 = jnp.arange(block)[:, None]
+  key_12W = jnp.arange(2 * block)[None, :]
+  block_N11 = jnp.arange(num_blocks)[:, None, None]
+  mask_NxWx2W = (key_12W <= query_W1 + block) & ((block_N11 > 0) | (key_12W >= block))
+  mask_BNxWx2W = jnp.broadcast_to(mask_NxWx2W, (batch, num_blocks, block, 2 * block)).reshape(
+      batch * num_blocks, block, 2 * block)
+  q_BNxWxHxK = to_blocks(q_BxTxHxK).reshape(batch * num_blocks, block, heads, depth)
+  out_BNxWxHxK = attend(q_BNxWxHxK, windows(k_BxTxHxK), windows(v_BxTxHxK), mask_BNxWx2W, dtype)
+  return out_BNxWxHxK.reshape(batch, num_blocks * block, heads, depth)[:, :length]
 
 
 def write_rows(cache_BxLx___: jax.Array, new_BxTx___: jax.Array, start_B: jax.Array) -> jax.Array:
@@ -88,6 +130,12 @@ class MultiHeadAttention(nn.Module):
     k_BxSxHxK, v_BxSxHxK = self.project_kv(y_BxSxD)
     return self.attend_kv(x_BxTxD, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, deterministic)
 
+  def local_self_attend(self, x_BxTxD, block: int, deterministic=True):
+    """Causal local block self-attention of x (see `local_block_attend`). Returns [B, T, D]."""
+    k_BxTxHxK, v_BxTxHxK = self.project_kv(x_BxTxD)
+    out_BxTxHxK = local_block_attend(self.query(x_BxTxD), k_BxTxHxK, v_BxTxHxK, block, self.dtype)
+    return self.dropout(self.out(out_BxTxHxK), deterministic=deterministic)
+
 
 class FeedForward(nn.Module):
   """Position-wise dense-relu-dense."""
@@ -129,6 +177,8 @@ class DecoderLayer(nn.Module):
 
   `__call__` runs a whole target sequence at once (training, reference for the cache tests).
   `extend` runs T new positions per row against a per-row KV cache (decoding).
+  With attention_block = W > 0 the self-attention is local: each position sees its own block of W positions
+  and the previous one (module docstring); both methods compute the same function.
   """
   num_heads: int
   d_model: int
@@ -136,6 +186,7 @@ class DecoderLayer(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+  attention_block: int = 0  # 0: full causal self-attention; W > 0: local 1D blocks of W positions
 
   def setup(self):
     self.ln_self = nn.LayerNorm(dtype=self.dtype)
@@ -147,8 +198,13 @@ class DecoderLayer(nn.Module):
     self.drop = nn.Dropout(self.dropout_rate)
 
   def __call__(self, x_BxTxD, enc_BxSxD, causal_mask_BxTxT, cross_mask_BxTxS, deterministic=True):
+    """causal_mask_BxTxT is unused (may be None) with local attention, which builds its own block masks."""
     h = self.ln_self(x_BxTxD)
-    x_BxTxD = x_BxTxD + self.drop(self.self_attn(h, h, causal_mask_BxTxT, deterministic), deterministic=deterministic)
+    if self.attention_block:
+      h = self.self_attn.local_self_attend(h, self.attention_block, deterministic)
+    else:
+      h = self.self_attn(h, h, causal_mask_BxTxT, deterministic)
+    x_BxTxD = x_BxTxD + self.drop(h, deterministic=deterministic)
     h = self.ln_cross(x_BxTxD)
     h = self.cross_attn(h, enc_BxSxD, cross_mask_BxTxS, deterministic)
     x_BxTxD = x_BxTxD + self.drop(h, deterministic=deterministic)
@@ -177,6 +233,11 @@ class DecoderLayer(nn.Module):
     query_pos_BxT = start_B[:, None] + jnp.arange(num_new)[None, :]
     # A query sees cached positions up to its own; later slots (stale or empty) are masked.
     self_mask_BxTxL = jnp.arange(cache_len)[None, None, :] <= query_pos_BxT[:, :, None]
+    if self.attention_block:
+      # Local attention: also mask keys before the previous block, the receptive field that
+      # `local_block_attend` gives in training. The cache stays full-length; this mask makes the paths equal.
+      key_block_L = jnp.arange(cache_len) // self.attention_block
+      self_mask_BxTxL &= key_block_L[None, None, :] >= (query_pos_BxT // self.attention_block - 1)[:, :, None]
     x_BxTxD = x_BxTxD + self.self_attn.attend_kv(h, k_BxLxHxK, v_BxLxHxK, self_mask_BxTxL)
     h = self.ln_cross(x_BxTxD)
     x_BxTxD = x_BxTxD + self.cross_attn.attend_kv(h, cache['cross_k_BxSxHxK'], cache['cross_v_BxSxHxK'],

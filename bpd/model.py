@@ -25,9 +25,13 @@ from bpd import layers
 from bpd.errors import UserError
 
 # Model sizes. base and big as in Vaswani et al. 2017 (Table 3); small and tiny for CPU runs and tests.
+# image_*: CPU sizes for 8x8 -> 32x32 super-resolution (3072-token targets, 192-token sources): a deeper
+# decoder than encoder, as the decoder does the work; pair them with attention_block (e.g. 256).
 SIZES = {
     'tiny': dict(d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=256),
     'small': dict(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3, d_ff=1024),
+    'image_tiny': dict(d_model=64, num_heads=4, num_encoder_layers=1, num_decoder_layers=2, d_ff=256),
+    'image_small': dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=3, d_ff=512),
     'base': dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, d_ff=2048),
     'big': dict(d_model=1024, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, d_ff=4096,
                 dropout_rate=0.3),
@@ -47,6 +51,9 @@ class ModelConfig:
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   dtype: str = 'float32'  # activations; parameters stay float32
+  # Decoder self-attention: 0 = full causal; W > 0 = local 1D block attention (Image Transformer, Parmar et al.
+  # 2018, §3.2), each position sees its own block of W positions and the previous one. Adds no parameters.
+  attention_block: int = 0
 
 
 def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelConfig:
@@ -55,6 +62,9 @@ def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelCo
     raise UserError(f'Unknown model size {size!r}: choose one of {sorted(SIZES)} (config.model.size).')
   if k < 1:
     raise UserError(f'k={k}: the number of heads must be >= 1 (config.k).')
+  if overrides.get('attention_block', 0) < 0:
+    raise UserError(f'attention_block={overrides["attention_block"]}: use 0 (full causal self-attention) or a '
+                    'block size W > 0 (local attention) (config.model.attention_block).')
   return ModelConfig(vocab_size=vocab_size, k=k, **{**SIZES[size], **overrides})
 
 
@@ -71,7 +81,8 @@ class Transformer(nn.Module):
         for _ in range(c.num_encoder_layers)]
     self.encoder_norm = nn.LayerNorm(dtype=dtype)
     self.decoder_layers = [
-        layers.DecoderLayer(c.num_heads, c.d_model, c.d_ff, c.dropout_rate, c.attention_dropout_rate, dtype)
+        layers.DecoderLayer(c.num_heads, c.d_model, c.d_ff, c.dropout_rate, c.attention_dropout_rate, dtype,
+                            attention_block=c.attention_block)
         for _ in range(c.num_decoder_layers)]
     self.decoder_norm = nn.LayerNorm(dtype=dtype)
     self.dropout = nn.Dropout(c.dropout_rate)
@@ -99,11 +110,15 @@ class Transformer(nn.Module):
     return self.encoder_norm(x)
 
   def decode_hidden(self, enc_BxSxD, src_BxS, tgt_in_BxT, deterministic=True):
-    """Decoder output [B, T, D] for a whole (BOS-shifted) target at once, causally masked."""
+    """Decoder output [B, T, D] for a whole (BOS-shifted) target at once, causally masked (locally with
+    config.attention_block > 0)."""
     length = tgt_in_BxT.shape[1]
     positions = jnp.broadcast_to(jnp.arange(length), tgt_in_BxT.shape)
     x = self._embed(tgt_in_BxT, positions, deterministic)
-    causal_BxTxT = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (x.shape[0], length, length))
+    if self.config.attention_block:
+      causal_BxTxT = None  # Local attention masks block by block: no T x T array (3072² for an image).
+    else:
+      causal_BxTxT = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (x.shape[0], length, length))
     cross_BxTxS = jnp.broadcast_to((src_BxS > 0)[:, None, :], (x.shape[0], length, src_BxS.shape[1]))
     for layer in self.decoder_layers:
       x = layer(x, enc_BxSxD, causal_BxTxT, cross_BxTxS, deterministic)
