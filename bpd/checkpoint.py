@@ -4,6 +4,9 @@ A checkpoint is two items, 'params' and 'opt_state', under {workdir}/checkpoints
 each one into a temporary folder and renames it when complete, so a run killed mid-save (kill -9, a
 preempted TPU VM) leaves the previous checkpoints intact and the next run resumes from the newest complete
 one. The model's shape (model.json) and the tokenizer (spm.model) sit beside them in the workdir.
+
+Multi-process runs: every process calls save and restore (orbax coordinates them; each process writes and
+reads the shards of its own devices); arrays come back laid out like the template's shardings.
 """
 
 import dataclasses
@@ -17,6 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from bpd import model as model_lib
+from bpd import sharding
 from bpd.errors import UserError
 
 CHECKPOINT_DIR = 'checkpoints'
@@ -69,12 +73,19 @@ def read_model_config(workdir: str, what: str = '--workdir') -> model_lib.ModelC
   return model_lib.ModelConfig(**json.loads(epath.Path(path).read_text()))
 
 
-def load_params(workdir: str, what: str = '--workdir') -> tuple[model_lib.ModelConfig, dict, int]:
-  """(model config, parameters, step) of the newest checkpoint in a workdir."""
+def load_params(workdir: str, what: str = '--workdir', mesh=None) -> tuple[model_lib.ModelConfig, dict, int]:
+  """(model config, parameters, step) of the newest checkpoint in a workdir; on `mesh` if given, laid out
+  by bpd.sharding's rules (without one: on the default device)."""
   config = read_model_config(workdir, what)
   mngr = manager(workdir)
   step = mngr.latest_step()
-  params = restore(mngr, {'params': model_lib.init_params(config, jax.random.PRNGKey(0))}, step)['params']
+  if mesh is None:
+    template = model_lib.init_params(config, jax.random.PRNGKey(0))
+  else:
+    shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.PRNGKey(0)))
+    template = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
+                            sharding.state_sharding(shapes, mesh))
+  params = restore(mngr, {'params': template}, step)['params']
   return config, params, step
 
 

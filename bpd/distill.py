@@ -6,18 +6,20 @@ config.data.distilled_from={workdir}. Distilled targets are more predictable, so
 right more often (paper: mean accepted block 3.01 -> 4.69 at k=8, fine-tuned).
 
 Work is done in chunks written as separate files, so an interrupted distillation resumes where it stopped.
+Every process decodes (each batch split over all devices, bpd/sharding.py); process 0 alone writes.
 """
 
 import os
 
 from absl import logging
-import jax.numpy as jnp
+import jax
 
 from bpd import checkpoint
 from bpd import checks
 from bpd import evaluate
 from bpd import metrics
 from bpd import model as model_lib
+from bpd import sharding
 from bpd.data import batching
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
@@ -30,36 +32,43 @@ def distill(config, workdir: str) -> str:
   checks.check_distill(config, workdir)
   data = config.data.copy_and_resolve_references()
   data.distilled_from = ''
-  model_config, params, step = checkpoint.load_params(workdir)
+  mesh = sharding.make_mesh(config.get('model_axis_size', 1))
+  model_config, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
-  decoder = evaluate.Decoder(model_lib.Transformer(model_config), config.distill.max_len)
+  decoder = evaluate.Decoder(model_lib.Transformer(model_config), config.distill.max_len, mesh)
+  batch_size = sharding.decode_batch_size(config.distill.batch_size, mesh)
   src, _ = pipeline.load_split(data, data.train_split, config.seed)
   out_dir = os.path.join(workdir, pipeline.DISTILL_DIR)
   parts_dir = os.path.join(out_dir, 'parts')
-  os.makedirs(parts_dir, exist_ok=True)
+  if jax.process_index() == 0:
+    os.makedirs(parts_dir, exist_ok=True)
+  num_chunks = -(-len(src) // CHUNK)
+  part_path = lambda chunk: os.path.join(parts_dir, f'part-{chunk:05d}.{data.tgt_lang}')
+  # Which parts exist is decided once, before any process writes one: all must decode the same chunks.
+  done = {chunk for chunk in range(num_chunks) if os.path.exists(part_path(chunk))}
   logging.info('Distilling %d sentences with the step-%d teacher, beam %d.', len(src), step,
                config.distill.beam_size)
 
-  num_chunks = -(-len(src) // CHUNK)
   progress = metrics.Progress(0, num_chunks, 'distill chunks')
   for chunk in range(num_chunks):
-    path = os.path.join(parts_dir, f'part-{chunk:05d}.{data.tgt_lang}')
-    if os.path.exists(path):
+    if chunk in done:
       continue
     sentences = src[chunk * CHUNK:(chunk + 1) * CHUNK]
     src_ids, _, _ = batching.encode_pairs(tokenizer, sentences, sentences, data.max_len, truncate=True)
     outputs, _ = evaluate.run_batches(
         lambda s: decoder.beam(params, s, beam_size=config.distill.beam_size, alpha=config.distill.alpha),
-        src_ids, config.distill.batch_size)
-    evaluate.write_lines(path, [tokenizer.decode(o) for o in outputs])
+        src_ids, batch_size)
+    evaluate.write_lines(part_path(chunk), [tokenizer.decode(o) for o in outputs])
     logging.info('%s', progress.line(chunk + 1))
 
-  targets = []
-  for chunk in range(num_chunks):
-    with open(os.path.join(parts_dir, f'part-{chunk:05d}.{data.tgt_lang}'), encoding='utf-8') as f:
-      targets += f.read().split('\n')[:-1]
-  evaluate.write_lines(os.path.join(out_dir, f'train.{data.src_lang}'), src)
-  evaluate.write_lines(os.path.join(out_dir, f'train.{data.tgt_lang}'), targets)
+  if jax.process_index() == 0:  # the writer of every part
+    targets = []
+    for chunk in range(num_chunks):
+      with open(part_path(chunk), encoding='utf-8') as f:
+        targets += f.read().split('\n')[:-1]
+    evaluate.write_lines(os.path.join(out_dir, f'train.{data.src_lang}'), src)
+    evaluate.write_lines(os.path.join(out_dir, f'train.{data.tgt_lang}'), targets)
+  sharding.barrier('distill corpus')  # on return, the corpus exists for every process
   logging.info('Wrote the distilled corpus (%d pairs) to %s; train on it with --config.data.distilled_from=%s',
                len(src), out_dir, workdir)
   return out_dir

@@ -10,6 +10,10 @@ decoding iterations, summed over the split. invocations = model calls (iteration
 combined scoring-and-proposal step; `batch_invocations` counts the calls made for whole batches).
 speedup = greedy seconds / blockwise seconds: same model, inputs, batch size and device, both compiled and
 warmed up, measured in the same run.
+
+On several devices (bpd/sharding.py) each batch is split along 'data': decoding is per row, so the rows
+simply divide among the devices; batch sizes are rounded up to a multiple of the data axis (padding rows,
+dropped after). Every process decodes; process 0 alone writes files.
 """
 
 import functools
@@ -29,6 +33,7 @@ from bpd import decoding
 from bpd import metrics
 from bpd import model as model_lib
 from bpd import report
+from bpd import sharding
 from bpd.data import batching
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
@@ -38,13 +43,33 @@ PROGRESS_EVERY_S = 30  # a progress line (with ETA) at most this often during lo
 
 
 class Decoder:
-  """Jitted greedy, blockwise and beam decoding of one model at one maximum output length."""
+  """Jitted greedy, blockwise and beam decoding of one model at one maximum output length.
 
-  def __init__(self, model: model_lib.Transformer, max_len: int):
-    self.model, self.max_len = model, max_len
-    self.greedy = jax.jit(self._greedy)
-    self.blockwise = jax.jit(self._blockwise, static_argnames=('k', 'criterion'))
-    self.beam = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'))
+  Each method takes the whole batch as a host array (the same on every process). With a `mesh`, the batch
+  is split along 'data' and the outputs come back replicated, so that every process can read them all.
+  """
+
+  def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None):
+    self.model, self.max_len, self.mesh = model, max_len, mesh
+    out = None if mesh is None else sharding.replicated(mesh)
+    self._greedy_jit = jax.jit(self._greedy, out_shardings=out)
+    self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('k', 'criterion'), out_shardings=out)
+    self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
+
+  def _put(self, src_BxS):
+    return jnp.asarray(src_BxS) if self.mesh is None else sharding.shard_global_batch(src_BxS, self.mesh)
+
+  def greedy(self, params, src_BxS):
+    """(tokens_BxL, length_B)."""
+    return self._greedy_jit(params, self._put(src_BxS))
+
+  def blockwise(self, params, src_BxS, k, criterion):
+    """A decoding.BlockwiseResult."""
+    return self._blockwise_jit(params, self._put(src_BxS), k=k, criterion=criterion)
+
+  def beam(self, params, src_BxS, beam_size, alpha):
+    """The best beam's tokens_BxL."""
+    return self._beam_jit(params, self._put(src_BxS), beam_size=beam_size, alpha=alpha)
 
   def _greedy(self, params, src_BxS):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
@@ -90,7 +115,7 @@ def run_batches(fn, src_ids, batch_size, what=''):
   progress = metrics.Progress(0, len(batches), what)
   start = last_report = time.perf_counter()
   for n, (indices, src) in enumerate(batches):
-    out = jax.device_get(fn(jnp.asarray(src)))
+    out = jax.device_get(fn(src))
     for row, index in enumerate(indices):
       if index >= 0:
         outputs[index] = jax.tree.map(lambda x, row=row: x[row] if x.ndim else x, out)
@@ -111,7 +136,7 @@ def _warm_up(fn, src_ids, batch_size):
   """Compile and run once on the first batch, so that timings exclude compilation."""
   indices, src = batching.eval_batches(src_ids[:batch_size], None, batch_size, (source_bucket(src_ids),))[0]
   del indices
-  jax.block_until_ready(fn(jnp.asarray(src)))
+  jax.block_until_ready(fn(src))
 
 
 def setting_name(k: int, criterion) -> str:
@@ -165,6 +190,9 @@ def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, 
 
 
 def write_lines(path, lines):
+  """Writes one line per item, atomically; on process 0 only (the others hold the same lines)."""
+  if jax.process_index() != 0:
+    return
   tmp = path + '.tmp'
   with open(tmp, 'w', encoding='utf-8') as f:
     for line in lines:
@@ -176,11 +204,13 @@ def decode_sweep(config, workdir: str) -> list[dict]:
   """The `--mode=decode` sweep over the newest checkpoint in `workdir`; writes {workdir}/decode/*."""
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)
-  _, params, step = checkpoint.load_params(workdir)
+  mesh = sharding.make_mesh(config.get('model_axis_size', 1))
+  _, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
-  decoder = Decoder(model_lib.Transformer(model_config), config.decode.max_len)
+  decoder = Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh)
   out_dir = os.path.join(workdir, DECODE_DIR)
-  os.makedirs(out_dir, exist_ok=True)
+  if jax.process_index() == 0:
+    os.makedirs(out_dir, exist_ok=True)
   records = []
   for split in config.decode.splits:
     src, references = pipeline.load_split(config.data, split, config.seed)
@@ -188,8 +218,11 @@ def decode_sweep(config, workdir: str) -> list[dict]:
       src, references = src[:config.decode.max_examples], references[:config.decode.max_examples]
     src_ids, _, _ = batching.encode_pairs(tokenizer, src, references, config.data.max_len, truncate=True)
     for batch_size in config.decode.batch_sizes:
+      batch_size = sharding.decode_batch_size(batch_size, mesh)
       records += decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
                               model_config.k, step)
-      report.write(records, out_dir)  # after every batch size: an interrupted sweep keeps what it measured
-  print(report.markdown_table(records))
+      if jax.process_index() == 0:
+        report.write(records, out_dir)  # after every batch size: an interrupted sweep keeps what it measured
+  if jax.process_index() == 0:
+    print(report.markdown_table(records))
   return records

@@ -7,6 +7,11 @@ train    trains, resuming from the newest checkpoint in DIR (configs/common.py l
 distill  translates the training sources with the model in DIR (beam search) into DIR/distill/.
 decode   decodes the evaluation splits with greedy and every blockwise setting; writes DIR/decode/.
 Glue only: the work is in bpd.train, bpd.distill and bpd.evaluate.
+
+Multi-host (e.g. a TPU pod: every host runs the same command): --multihost or BPD_MULTIHOST=1 calls
+jax.distributed.initialize(), which finds the other hosts by itself on Cloud TPU. Elsewhere (e.g. several
+processes on one CPU machine, as the tests do) set BPD_COORDINATOR=HOST:PORT, BPD_NUM_PROCESSES=N and
+BPD_PROCESS_ID=I in each process; BPD_COORDINATOR alone switches multi-host on.
 """
 
 import os
@@ -22,17 +27,32 @@ from bpd.errors import UserError
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/demo.py.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for checkpoints, logs and results.')
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'distill', 'decode'], 'What to do.')
-_MULTIHOST = flags.DEFINE_bool('multihost', os.environ.get('BPD_MULTIHOST') == '1',
-                               'Call jax.distributed.initialize() first (every host runs the same command). '
-                               'Default: the environment variable BPD_MULTIHOST=1.')
+_MULTIHOST = flags.DEFINE_bool(
+    'multihost', os.environ.get('BPD_MULTIHOST') == '1' or 'BPD_COORDINATOR' in os.environ,
+    'Call jax.distributed.initialize() first (every host runs the same command). Default: the environment '
+    'variable BPD_MULTIHOST=1 (or BPD_COORDINATOR set).')
+
+
+def _initialize_distributed():
+  """jax.distributed.initialize(), told the coordinator, process count and id by BPD_* variables if set."""
+  import jax  # pylint: disable=g-import-not-at-top
+  kwargs = {}
+  if 'BPD_COORDINATOR' in os.environ:
+    kwargs['coordinator_address'] = os.environ['BPD_COORDINATOR']
+  if 'BPD_NUM_PROCESSES' in os.environ:
+    kwargs['num_processes'] = int(os.environ['BPD_NUM_PROCESSES'])
+  if 'BPD_PROCESS_ID' in os.environ:
+    kwargs['process_id'] = int(os.environ['BPD_PROCESS_ID'])
+  jax.distributed.initialize(**kwargs)
+  if jax.process_index() != 0:  # one copy of the progress lines; warnings and errors still show everywhere
+    logging.set_verbosity(logging.WARNING)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if _MULTIHOST.value:
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.distributed.initialize()
+    _initialize_distributed()
   from bpd import distill, evaluate, metrics, train  # pylint: disable=g-import-not-at-top
   metrics.quiet_library_logs()
   config, workdir = _CONFIG.value, _WORKDIR.value

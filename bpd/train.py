@@ -11,6 +11,11 @@ original tensor2tensor code did to save memory.
 
 Runs resume from the newest checkpoint in the workdir. Batches and dropout depend only on (seed, step), so
 a resumed run reproduces an uninterrupted one exactly.
+
+Data parallel over every device of every process (bpd/sharding.py): the state sits on the mesh, each process
+puts its rows of each global batch on its devices, and the jitted train step runs as one SPMD program.
+Process 0 alone writes files (tokenizer, model.json, TensorBoard); checkpoints are saved by all processes
+together (orbax).
 """
 
 import functools
@@ -30,6 +35,7 @@ from bpd import evaluate
 from bpd import losses
 from bpd import metrics
 from bpd import model as model_lib
+from bpd import sharding
 from bpd.data import batching
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
@@ -71,8 +77,19 @@ def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoo
   return loss, {'loss_K': loss_K, 'acc_K': acc_K, 'weight_K': weight_K}
 
 
-def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing):
-  @functools.partial(jax.jit, donate_argnums=(0,))
+def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing, state_sharding=None):
+  """The jitted `train_step(state, batch, step) -> (state, metrics)`.
+
+  With `state_sharding` (sharding.state_sharding: the state's layout on a mesh) the new state keeps that
+  layout and the metrics come back replicated, so that every process can read them. The batch arrives
+  split along 'data' (sharding.shard_batch); XLA inserts the gradient all-reduce.
+  """
+  out_shardings = None
+  if state_sharding is not None:
+    mesh = jax.tree.leaves(state_sharding)[0].mesh
+    out_shardings = (state_sharding, sharding.replicated(mesh))
+
+  @functools.partial(jax.jit, donate_argnums=(0,), out_shardings=out_shardings)
   def train_step(state, batch, step):
     dropout_rng = jax.random.fold_in(jax.random.PRNGKey(seed), step)
     grad_fn = jax.value_and_grad(
@@ -87,8 +104,8 @@ def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing):
   return train_step
 
 
-def make_eval_step(model, *, label_smoothing):
-  @jax.jit
+def make_eval_step(model, *, label_smoothing, mesh=None):
+  @functools.partial(jax.jit, out_shardings=None if mesh is None else sharding.replicated(mesh))
   def eval_step(params, batch):
     _, aux = loss_and_metrics(params, batch, None, model=model, head_loss='mean',
                               label_smoothing=label_smoothing, train=False)
@@ -96,24 +113,31 @@ def make_eval_step(model, *, label_smoothing):
   return eval_step
 
 
-def initial_params(model_config, regime: str, init_from: str, seed: int) -> dict:
+def fresh_params(model_config, seed: int) -> dict:
+  # Jitted: one compile instead of one per operation of the initializers (seconds at start-up).
+  return jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.PRNGKey(seed))
+
+
+def initial_params(model_config, regime: str, init_from: str, seed: int, mesh=None) -> dict:
   """Fresh parameters (base), or the base model from init_from with new proposal heads (frozen, finetune)."""
-  fresh = model_lib.init_params(model_config, jax.random.PRNGKey(seed))
+  fresh = fresh_params(model_config, seed)
   if regime == 'base':
     return fresh
-  _, base_params, step = checkpoint.load_params(init_from, 'config.train.init_from')
+  _, base_params, step = checkpoint.load_params(init_from, 'config.train.init_from', mesh=mesh)
   logging.info('Starting from the base model in %s (step %d) with %d new heads.', init_from, step,
                model_config.k - 1)
   base_params = {name: p for name, p in base_params.items() if name != 'multi_output'}
   return model_lib.add_heads(base_params, fresh) if model_config.k > 1 else base_params
 
 
-def evaluate_during_training(params, eval_step, decoder, tokenizer, eval_data, batch_size, bucket_lengths):
+def evaluate_during_training(params, eval_step, decoder, tokenizer, eval_data, batch_size, bucket_lengths,
+                             mesh):
   """Loss and per-head accuracy on the eval split, and a quick greedy BLEU on its first examples."""
   src_ids, tgt_ids, src_text, ref_text = eval_data
   loss_sum, acc_sum, weight_sum = 0.0, 0.0, 0.0
   for indices, src, tgt in batching.eval_batches(src_ids, tgt_ids, batch_size, bucket_lengths):
-    aux = jax.device_get(eval_step(params, {'src_BxS': src, 'tgt_BxT': tgt}))
+    batch = sharding.shard_global_batch({'src_BxS': src, 'tgt_BxT': tgt}, mesh)
+    aux = jax.device_get(eval_step(params, batch))
     loss_sum += aux['loss_K'] * aux['weight_K']
     acc_sum += aux['acc_K'] * aux['weight_K']
     weight_sum += aux['weight_K']
@@ -130,12 +154,18 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (resuming if the workdir has a checkpoint); returns the last evaluation metrics."""
   checks.check_train(config, workdir)
   tc, dc = config.train, config.data
-  tokenizer = pipeline.tokenizer_for(workdir, dc, config.seed, reuse_from=tc.init_from)
+  mesh = sharding.make_mesh(config.get('model_axis_size', 1))
+  sharding.check_batch_size(tc.batch_size, mesh)
+  logging.info('Mesh %s over %d process(es).', dict(mesh.shape), jax.process_count())
+  # Process 0 trains (or copies) the tokenizer; the others wait for the file, then load it.
+  tokenizer = sharding.process_zero_first(
+      lambda: pipeline.tokenizer_for(workdir, dc, config.seed, reuse_from=tc.init_from), 'tokenizer')
   model_config = model_lib.model_config(config.model.size, vocab_size=tokenizer.vocab_size,
                                         k=1 if tc.regime == 'base' else config.k,
                                         dropout_rate=config.model.dropout_rate, dtype=config.model.dtype)
   checks.check_init_from(model_config, tc.init_from if tc.regime != 'base' else '', workdir)
-  checkpoint.write_model_config(workdir, model_config)
+  if jax.process_index() == 0:
+    checkpoint.write_model_config(workdir, model_config)
   model = model_lib.Transformer(model_config)
 
   src, tgt = pipeline.load_split(dc, dc.train_split, config.seed)
@@ -150,32 +180,41 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   mngr = checkpoint.manager(workdir, tc.keep_checkpoints)
   start_step = mngr.latest_step()
-  params = initial_params(model_config, tc.regime, tc.init_from, config.seed) if start_step is None else (
-      model_lib.init_params(model_config, jax.random.PRNGKey(config.seed)))
+  if start_step is None:
+    params = initial_params(model_config, tc.regime, tc.init_from, config.seed, mesh)
+  else:  # only a template for the restore
+    params = fresh_params(model_config, config.seed)
   optimizer = make_optimizer(tc.regime, params, tc.learning_rate, tc.warmup_steps)
-  state = {'params': params, 'opt_state': optimizer.init(params)}
-  if start_step is not None:
+  state = sharding.place_state({'params': params, 'opt_state': optimizer.init(params)}, mesh)
+  state_sharding = jax.tree.map(lambda x: x.sharding, state)
+  if start_step is not None:  # restored into the same layout: the template's shardings
     state = checkpoint.restore(mngr, state, start_step)
     logging.info('Resumed from %s at step %d.', mngr.directory, start_step)
   start_step = start_step or 0
 
   train_step = make_train_step(model, optimizer, seed=config.seed, head_loss=tc.head_loss,
-                               label_smoothing=tc.label_smoothing)
-  eval_step = make_eval_step(model, label_smoothing=tc.label_smoothing)
-  decoder = evaluate.Decoder(model, max_len=dc.max_len)
+                               label_smoothing=tc.label_smoothing, state_sharding=state_sharding)
+  eval_step = make_eval_step(model, label_smoothing=tc.label_smoothing, mesh=mesh)
+  decoder = evaluate.Decoder(model, max_len=dc.max_len, mesh=mesh)
+  rows = sharding.local_rows(tc.batch_size, mesh)  # this process's rows of every global batch
   writer = metrics.Writer(workdir)
   progress = metrics.Progress(start_step, tc.num_steps, 'train')
   last_good_step = start_step
   eval_metrics = {}
   with checkpoint.PreemptionGuard() as guard:
     step = start_step
-    finite = jnp.bool_(True)
+    finite = True
     while step < tc.num_steps:
-      batch = batch_for_step(step)
+      batch = sharding.shard_batch({name: x[rows] for name, x in batch_for_step(step).items()}, mesh)
       state, out = train_step(state, batch, step)
       finite = finite & jnp.isfinite(out['loss']) & jnp.isfinite(out['grad_norm'])
       step += 1
-      save_now = step % tc.checkpoint_every == 0 or step == tc.num_steps or guard.requested
+      stop = guard.requested is not None
+      if jax.process_count() > 1:
+        # A signal may reach the hosts at different steps, but all must save and stop at the same one.
+        # Agreeing costs a host round trip, so they do it at log steps only.
+        stop = step % tc.log_every == 0 and sharding.any_process(stop)
+      save_now = step % tc.checkpoint_every == 0 or step == tc.num_steps or stop
       if step % tc.log_every == 0 or save_now:
         if not bool(finite):
           raise UserError(
@@ -192,16 +231,16 @@ def train_and_evaluate(config, workdir: str) -> dict:
                      ' '.join(f'{a:.3f}' for a in out['acc_K']))
       if tc.eval_every and (step % tc.eval_every == 0 or step == tc.num_steps):
         eval_metrics = evaluate_during_training(state['params'], eval_step, decoder, tokenizer, eval_data,
-                                                tc.batch_size, dc.bucket_lengths)
+                                                tc.batch_size, dc.bucket_lengths, mesh)
         writer.scalars(step, eval_metrics, prefix='eval')
         logging.info('eval at step %d: %s', step,
                      ', '.join(f'{k} {v:.4f}' for k, v in eval_metrics.items()))
       if save_now:
         checkpoint.save(mngr, step, state)
         last_good_step = step
-      if guard.requested:
-        logging.warning('Stopped at step %d on signal %d; rerun the same command to resume.', step,
-                        guard.requested)
+      if stop:
+        logging.warning('Stopped at step %d on signal %s; rerun the same command to resume.', step,
+                        guard.requested or '(received by another process)')
         break
   mngr.wait_until_finished()
   writer.close()
