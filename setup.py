@@ -9,8 +9,8 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["bpd", "bpd.*", "configs", "experiments"]),
     python_requires=">=3.10",
     install_requires=[
-        "jax>=0.4.30",
-        "flax>=0.8.5",
+        "jax>=0.6.0",  # jax.sharding.AxisType
+        "flax>=0.10.0",
         "optax>=0.2.2",
         "orbax-checkpoint>=0.5.20",
         "ml-collections>=0.1.1",

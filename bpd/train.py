@@ -62,7 +62,7 @@ def make_optimizer(regime: str, params: dict, learning_rate: float, warmup_steps
   return optax.multi_transform({'heads': adam, 'base': optax.set_to_zero()}, labels)
 
 
-def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoothing, train):
+def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoothing, train, frozen=False):
   """Mean (or one random head's) cross-entropy, plus per-head loss and accuracy for the logs."""
   src, tgt = batch['src_BxS'], batch['tgt_BxT']
   tgt_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)), constant_values=tokenizer_lib.BOS_ID)
@@ -70,14 +70,16 @@ def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoo
                                rngs={'dropout': dropout_rng} if train else {})
   loss_K, acc_K, weight_K = losses.heads_cross_entropy(logits_BxTxKxV, tgt, label_smoothing)
   if head_loss == 'random' and train:
-    head = jax.random.randint(jax.random.fold_in(dropout_rng, 1), (), 0, loss_K.shape[0])
+    # Frozen: head 1 has no trainable parameters, so draw among heads 2..k only.
+    first = 1 if frozen and loss_K.shape[0] > 1 else 0
+    head = jax.random.randint(jax.random.fold_in(dropout_rng, 1), (), first, loss_K.shape[0])
     loss = loss_K[head]
   else:
     loss = jnp.mean(loss_K)
   return loss, {'loss_K': loss_K, 'acc_K': acc_K, 'weight_K': weight_K}
 
 
-def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing, state_sharding=None):
+def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing, state_sharding=None, frozen=False):
   """The jitted `train_step(state, batch, step) -> (state, metrics)`.
 
   With `state_sharding` (sharding.state_sharding: the state's layout on a mesh) the new state keeps that
@@ -94,7 +96,7 @@ def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing, state
     dropout_rng = jax.random.fold_in(jax.random.PRNGKey(seed), step)
     grad_fn = jax.value_and_grad(
         functools.partial(loss_and_metrics, model=model, head_loss=head_loss, label_smoothing=label_smoothing,
-                          train=True), has_aux=True)
+                          frozen=frozen, train=True), has_aux=True)
     (loss, aux), grads = grad_fn(state['params'], batch, dropout_rng)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
@@ -193,7 +195,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   start_step = start_step or 0
 
   train_step = make_train_step(model, optimizer, seed=config.seed, head_loss=tc.head_loss,
-                               label_smoothing=tc.label_smoothing, state_sharding=state_sharding)
+                               label_smoothing=tc.label_smoothing, state_sharding=state_sharding,
+                               frozen=tc.regime == 'frozen')
   eval_step = make_eval_step(model, label_smoothing=tc.label_smoothing, mesh=mesh)
   decoder = evaluate.Decoder(model, max_len=dc.max_len, mesh=mesh)
   rows = sharding.local_rows(tc.batch_size, mesh)  # this process's rows of every global batch

@@ -3,6 +3,7 @@
 Fields (the command line reaches each as --config.FIELD=VALUE):
   seed                 one seed for initialization, data order and dropout.
   k                    number of heads of the model (1 = plain Transformer; paper: 1..10).
+  model_axis_size      mesh axis that shards the vocabulary and feed-forward weights (1: pure data parallel).
   model.size           tiny | small | base | big (bpd/model.py SIZES); model.* other fields override it.
   data.source          synthetic | text | tfds.
   data.dir             folder with {split}.{src_lang} / {split}.{tgt_lang} (source=text).
@@ -24,6 +25,7 @@ def defaults() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.k = 8
+  c.model_axis_size = 1  # devices per model shard (bpd/sharding.py); the rest of the mesh is data parallel
 
   c.model = ml_collections.ConfigDict()
   c.model.size = 'small'
