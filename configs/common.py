@@ -75,3 +75,15 @@ def defaults() -> ml_collections.ConfigDict:
   c.distill.batch_size = 32
   c.distill.max_len = 64
   return c
+
+
+def override(config: ml_collections.ConfigDict, **fields) -> ml_collections.ConfigDict:
+  """A copy of `config` with dotted fields replaced: override(c, **{'train.num_steps': 10, 'k': 4})."""
+  c = config.copy_and_resolve_references()
+  for key, value in fields.items():
+    target = c
+    *path, last = key.split('.')
+    for part in path:
+      target = target[part]
+    target[last] = value
+  return c

@@ -33,6 +33,7 @@ from bpd import metrics
 from bpd import report
 from bpd import train
 from bpd.data import pipeline
+from configs import common
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_ende.py', 'The study config.')
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/m30k_study', 'Root folder of the study.')
@@ -76,14 +77,7 @@ def _done_training(workdir, steps):
 
 
 def _config(base, **fields):
-  c = base.copy_and_resolve_references()
-  for key, value in fields.items():
-    target = c
-    *path, last = key.split('.')
-    for part in path:
-      target = target[part]
-    target[last] = value
-  return c
+  return common.override(base, **fields)
 
 
 def model_dirs(root, plan):

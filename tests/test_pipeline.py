@@ -20,6 +20,7 @@ from bpd import train
 from bpd.data import synthetic
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.errors import UserError
+from configs import common
 from configs import demo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,13 +46,7 @@ def tiny_config(**overrides):
   c.distill.beam_size = 2
   c.distill.max_len = 24
   c.distill.batch_size = 16
-  for key, value in overrides.items():
-    target = c
-    *path, last = key.split('.')
-    for part in path:
-      target = target[part]
-    target[last] = value
-  return c
+  return common.override(c, **overrides)
 
 
 @pytest.fixture(scope='module')
