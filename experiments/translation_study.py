@@ -69,7 +69,7 @@ class Plan:
     return cls(stages=tuple(_STAGES.value), regimes=tuple(_REGIMES.value), data=tuple(_DATA.value),
                splits=tuple(_SPLITS.value), ks=tuple(int(k) for k in _KS.value), criteria=tuple(_CRITERIA.value),
                batch_sizes=tuple(int(b) for b in _BATCH_SIZES.value), max_examples=_MAX_EXAMPLES.value,
-               base_steps=plan.base_steps, head_steps=plan.head_steps)
+               base_steps=_BASE_STEPS.value, head_steps=_HEAD_STEPS.value)
 
 
 def _done_training(workdir, steps):
