@@ -97,6 +97,11 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
       raise UserError(f'config.decode.{field}={tuple(dc[field])}: batch sizes must be at least 1.')
   if dc.max_len < 1:
     raise UserError(f'config.decode.max_len={dc.max_len} must be at least 1.')
+  if dc.get('max_src_len', 1) < 1:
+    raise UserError(f'config.decode.max_src_len={dc.max_src_len} must be at least 1 (longer sources are cut).')
+  if dc.get('timing_repeats', 1) < 1 or dc.get('timing_examples', 0) < 0:
+    raise UserError(f'config.decode.timing_repeats={dc.timing_repeats} must be >= 1 and '
+                    f'config.decode.timing_examples={dc.timing_examples} >= 0 (0 = time every example).')
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
   check_workdir(workdir)
   # min_block:l only makes sense where l <= k'; those pairs are left out of the sweep (and logged).

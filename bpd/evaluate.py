@@ -7,9 +7,11 @@ setting (<split>.<setting>.b<batch>.txt, detokenized, in source order) and PNG p
 
 Definitions (DESIGN §2): mean accepted block size = tokens produced (EOS included, padding excluded) /
 decoding iterations, summed over the split. invocations = model calls (iterations + 1 per row with the
-combined scoring-and-proposal step; `batch_invocations` counts the calls made for whole batches).
-speedup = greedy seconds / blockwise seconds: same model, inputs, batch size and device, both compiled and
-warmed up, measured in the same run.
+combined scoring-and-proposal step); batch_invocations = the calls made for whole batches (a batch runs
+until its slowest row is done, which is what batch > 1 wall-clock time follows).
+speedup = median greedy seconds / median blockwise seconds: same model, inputs, batch size and device,
+both compiled and warmed up, run alternately in the same process (config.decode.timing_examples /
+timing_repeats choose how much is timed).
 
 On several devices (bpd/sharding.py) each batch is split along 'data': decoding is per row, so the rows
 simply divide among the devices; batch sizes are rounded up to a multiple of the data axis (padding rows,
@@ -148,28 +150,58 @@ def _decode_setting(fn, src_ids, batch_size, what):
   return run_batches(fn, src_ids, batch_size, what)
 
 
+def time_side_by_side(greedy_fn, blockwise_fn, src_ids, batch_size, repeats):
+  """Median seconds of greedy and of blockwise decoding of the same examples, run alternately.
+
+  Both are compiled and warmed up already. Alternating greedy and blockwise runs, and taking medians,
+  keeps a changing machine load (other jobs, thermal state) out of the ratio.
+  """
+  greedy_s, blockwise_s = [], []
+  for _ in range(max(repeats, 1)):
+    greedy_s.append(run_batches(greedy_fn, src_ids, batch_size)[1])
+    blockwise_s.append(run_batches(blockwise_fn, src_ids, batch_size)[1])
+  return float(np.median(greedy_s)), float(np.median(blockwise_s))
+
+
 def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
-                 model_k, step):
-  """Greedy plus every (k', criterion) of the sweep on one split at one batch size. Returns records."""
-  greedy_out, greedy_seconds = _decode_setting(lambda src: decoder.greedy(params, src), src_ids, batch_size,
-                                               f'{split} greedy b{batch_size}')
+                 model_k, step, timing_examples=0, timing_repeats=1):
+  """Greedy plus every (k', criterion) of the sweep on one split at one batch size. Returns records.
+
+  Quality and acceptance come from decoding every example. Speed comes from `time_side_by_side` on the
+  first `timing_examples` examples (0: all), `timing_repeats` times each: greedy_seconds and seconds of a
+  record are medians measured next to each other, and speedup is their ratio.
+  """
+  greedy_fn = lambda src: decoder.greedy(params, src)
+  greedy_out, _ = _decode_setting(greedy_fn, src_ids, batch_size, f'{split} greedy b{batch_size}')
+  timing_ids = src_ids[:timing_examples] if timing_examples else src_ids
   greedy_tokens = [o[0] for o in greedy_out]
   greedy_hyps = [tokenizer.decode(t) for t in greedy_tokens]
   greedy_tokens_count = int(sum(int(o[1]) for o in greedy_out))
   greedy_bleu = bleu(greedy_hyps, references)
+  greedy_seconds = float(np.median([run_batches(greedy_fn, timing_ids, batch_size)[1]
+                                    for _ in range(max(timing_repeats, 1))]))
   write_lines(os.path.join(out_dir, f'{split}.greedy.b{batch_size}.txt'), greedy_hyps)
   base = {'split': split, 'batch_size': batch_size, 'examples': len(src_ids), 'step': step, 'model_k': model_k,
-          'greedy_seconds': greedy_seconds, 'greedy_quality': greedy_bleu, 'quality_metric': 'bleu'}
+          'timing_examples': len(timing_ids), 'timing_repeats': max(timing_repeats, 1),
+          'greedy_quality': greedy_bleu, 'quality_metric': 'bleu'}
   records = [{**base, 'k': 1, 'criterion': 'greedy', 'quality': greedy_bleu, 'mean_accepted_block_size': 1.0,
               'iterations': greedy_tokens_count, 'invocations': greedy_tokens_count, 'tokens': greedy_tokens_count,
-              'seconds': greedy_seconds, 'speedup': 1.0, 'identical_to_greedy': 1.0}]
+              'greedy_seconds': greedy_seconds, 'seconds': greedy_seconds, 'speedup': 1.0,
+              'identical_to_greedy': 1.0}]
   logging.info('%s b%d greedy: BLEU %.2f, %.2fs', split, batch_size, greedy_bleu, greedy_seconds)
 
   for k, criterion in sweep:
     name = setting_name(k, criterion)
-    outputs, seconds = _decode_setting(
-        lambda src, k=k, criterion=criterion: decoder.blockwise(params, src, k=k, criterion=criterion),
-        src_ids, batch_size, f'{split} {name} b{batch_size}')
+    batch_invocations = []  # model calls of each batch: its slowest row decides when the batch is done
+
+    def blockwise_fn(src, k=k, criterion=criterion, calls=batch_invocations):
+      result = decoder.blockwise(params, src, k=k, criterion=criterion)
+      calls.append(result.invocations)
+      return result
+
+    outputs, _ = _decode_setting(blockwise_fn, src_ids, batch_size, f'{split} {name} b{batch_size}')
+    batch_calls = int(sum(int(c) for c in batch_invocations[1:]))  # [0] is the warm-up batch
+    g_seconds, seconds = time_side_by_side(greedy_fn, blockwise_fn, timing_ids, batch_size, timing_repeats)
     tokens = [o.tokens_BxL for o in outputs]
     hyps = [tokenizer.decode(t) for t in tokens]
     write_lines(os.path.join(out_dir, f'{split}.{name}.b{batch_size}.txt'), hyps)
@@ -179,9 +211,9 @@ def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, 
     identical = float(np.mean([np.array_equal(a, b) for a, b in zip(tokens, greedy_tokens)]))
     record = {**base, 'k': k, 'criterion': str(criterion), 'quality': bleu(hyps, references),
               'mean_accepted_block_size': produced / max(iterations, 1), 'iterations': iterations,
-              'invocations': iterations + len(src_ids), 'tokens': produced, 'seconds': seconds,
-              'speedup': greedy_seconds / seconds, 'identical_to_greedy': identical,
-              'block_size_histogram': [int(c) for c in histogram]}
+              'invocations': iterations + len(src_ids), 'batch_invocations': batch_calls, 'tokens': produced,
+              'greedy_seconds': g_seconds, 'seconds': seconds, 'speedup': g_seconds / seconds,
+              'identical_to_greedy': identical, 'block_size_histogram': [int(c) for c in histogram]}
     records.append(record)
     logging.info('%s b%d %s: BLEU %.2f, mean accepted block %.2f, speedup %.2fx, identical %.3f', split,
                  batch_size, name, record['quality'], record['mean_accepted_block_size'], record['speedup'],
@@ -216,11 +248,12 @@ def decode_sweep(config, workdir: str) -> list[dict]:
     src, references = pipeline.load_split(config.data, split, config.seed)
     if config.decode.max_examples:
       src, references = src[:config.decode.max_examples], references[:config.decode.max_examples]
-    src_ids, _, _ = batching.encode_pairs(tokenizer, src, references, config.data.max_len, truncate=True)
+    # Sources get their own length limit: out-of-domain splits (newstest) are longer than training data.
+    src_ids, _, _ = batching.encode_pairs(tokenizer, src, references, config.decode.max_src_len, truncate=True)
     for batch_size in config.decode.batch_sizes:
       batch_size = sharding.decode_batch_size(batch_size, mesh)
       records += decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
-                              model_config.k, step)
+                              model_config.k, step, config.decode.timing_examples, config.decode.timing_repeats)
       if jax.process_index() == 0:
         report.write(records, out_dir)  # after every batch size: an interrupted sweep keeps what it measured
   if jax.process_index() == 0:

@@ -15,6 +15,7 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   train.regime         base (k=1 from scratch) | frozen (train only the heads) | finetune (train all).
   train.init_from      workdir of the base model that frozen/finetune start from.
   train.head_loss      mean (mean of the k heads' losses) | random (one random head per step, t2t style).
+  train.head1_weight   weight of head 1 against the proposal heads in the mean loss (1 = plain mean).
   decode.*             the sweep of `--mode=decode`: heads k' <= k, criteria, batch sizes, splits.
 """
 
@@ -56,6 +57,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.warmup_steps = 1000
   c.train.label_smoothing = 0.1
   c.train.head_loss = 'mean'
+  c.train.head1_weight = 1.0  # weight of head 1 in the mean loss (1: the paper's plain mean; see train.py)
   c.train.checkpoint_every = 500
   c.train.keep_checkpoints = 3
   c.train.eval_every = 1000  # 0: never
@@ -68,6 +70,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.batch_sizes = (32,)
   c.decode.max_len = 64  # longest output, EOS included
   c.decode.max_examples = 0  # 0 = all
+  c.decode.max_src_len = 256  # longer sources are cut (logged); decoding has its own limit, not data.max_len
+  c.decode.timing_examples = 0  # time greedy vs blockwise on the first N examples (0 = all)
+  c.decode.timing_repeats = 1  # alternate greedy/blockwise runs this many times; medians give the speedup
 
   c.distill = ml_collections.ConfigDict()
   c.distill.beam_size = 4

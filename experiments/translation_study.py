@@ -9,7 +9,7 @@ Stages (an interrupted study resumes at the stage it was in; training resumes fr
                  (the largest k is trained once; smaller k' decode with its first k' heads, which is exactly
                  a k'-head model with this multi-output layer)
   4. decode      every model on every evaluation split: greedy, and blockwise for k' in --ks and each criterion,
-                 at each batch size                                               W/<model>/decode[_<split>]
+                 at each batch size                                               W/<model>/decode_<split>_b<B>
   5. table       one paper-style table: W/study.md, W/study.csv, W/study.json, and plots W/study_<split>.png
 --stages picks a subset; --grid_regimes / --grid_data cut the grid to fit a time budget.
 Evaluation splits come as NAME or NAME@DIR (a split of parallel text in another folder, e.g. the out-of-domain
@@ -46,8 +46,19 @@ _KS = flags.DEFINE_list('ks', ['1', '2', '4', '6', '8', '10'], "Heads k' to deco
 _CRITERIA = flags.DEFINE_list('criteria', ['exact', 'top_k:2', 'min_block:2', 'min_block:3'], 'Criteria.')
 _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '32'], 'Decode batch sizes.')
 _MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 0, 'Decode at most this many examples per split (0: all).')
+_BATCH1_EXAMPLES = flags.DEFINE_integer(
+    'batch1_examples', 200, 'Batch size 1 decodes only the first N examples (0: all): batch-1 rows measure '
+    'latency; quality on the whole split comes from the larger batch sizes.')
+_TIMING_EXAMPLES = flags.DEFINE_integer('timing_examples', 256, 'Time greedy vs blockwise on the first N (0: all).')
+_TIMING_REPEATS = flags.DEFINE_integer('timing_repeats', 3, 'Alternating greedy/blockwise timing runs (medians).')
+_OOD = flags.DEFINE_string('ood', 'examples=500,max_len=128,criteria=exact',
+                           'Out-of-domain splits (NAME@DIR): examples, longest output and criteria (+-joined).')
 _BASE_STEPS = flags.DEFINE_integer('base_steps', 0, 'Override config.train.num_steps for the base (0: keep).')
 _HEAD_STEPS = flags.DEFINE_integer('head_steps', 0, 'Override config.train.num_steps for k-head models.')
+_HEAD_LR = flags.DEFINE_float('head_learning_rate', 0.0, 'Peak learning rate of k-head models (0: the config).')
+_HEAD_WARMUP = flags.DEFINE_integer('head_warmup_steps', 0, 'Warmup of k-head models (0: the config).')
+_HEAD1_WEIGHT = flags.DEFINE_float('finetune_head1_weight', 1.0,
+                                   'config.train.head1_weight of fine-tuned models (1: the paper\'s plain mean).')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,15 +72,25 @@ class Plan:
   criteria: tuple = ('exact', 'top_k:2')
   batch_sizes: tuple = (1, 32)
   max_examples: int = 0
+  batch1_examples: int = 0
+  timing_examples: int = 0
+  timing_repeats: int = 1
+  ood: str = 'examples=500,max_len=128,criteria=exact'
   base_steps: int = 0
   head_steps: int = 0
+  head_learning_rate: float = 0.0
+  head_warmup_steps: int = 0
+  finetune_head1_weight: float = 1.0
 
   @classmethod
   def from_flags(cls):
     return cls(stages=tuple(_STAGES.value), regimes=tuple(_REGIMES.value), data=tuple(_DATA.value),
                splits=tuple(_SPLITS.value), ks=tuple(int(k) for k in _KS.value), criteria=tuple(_CRITERIA.value),
                batch_sizes=tuple(int(b) for b in _BATCH_SIZES.value), max_examples=_MAX_EXAMPLES.value,
-               base_steps=_BASE_STEPS.value, head_steps=_HEAD_STEPS.value)
+               batch1_examples=_BATCH1_EXAMPLES.value, timing_examples=_TIMING_EXAMPLES.value,
+               timing_repeats=_TIMING_REPEATS.value, ood=_OOD.value, base_steps=_BASE_STEPS.value,
+               head_steps=_HEAD_STEPS.value, head_learning_rate=_HEAD_LR.value,
+               head_warmup_steps=_HEAD_WARMUP.value, finetune_head1_weight=_HEAD1_WEIGHT.value)
 
 
 def _done_training(workdir, steps):
@@ -106,6 +127,12 @@ def run_stages(config, root, plan: Plan):
                                  'data.distilled_from': base_dir if data == 'distilled' else ''})
         if plan.head_steps:
           cfg.train.num_steps = plan.head_steps
+        if plan.head_learning_rate:
+          cfg.train.learning_rate = plan.head_learning_rate
+        if plan.head_warmup_steps:
+          cfg.train.warmup_steps = plan.head_warmup_steps
+        if regime == 'finetune':
+          cfg.train.head1_weight = plan.finetune_head1_weight
         if not _done_training(workdir, cfg.train.num_steps):
           logging.info('Stage heads: %s on %s data -> %s', regime, data, workdir)
           train.train_and_evaluate(cfg, workdir)
@@ -118,22 +145,33 @@ def run_stages(config, root, plan: Plan):
 
 
 def decode_one(config, name, workdir, split, plan):
+  """One model on one split, one decode sweep per batch size, into W/<model>/decode_<split>_b<B>/."""
   split_name, _, split_dir = split.partition('@')
   model_k = checkpoint.read_model_config(workdir).k
   ks = tuple(k for k in plan.ks if k <= model_k)
+  criteria = plan.criteria
+  max_examples, max_len = plan.max_examples, config.decode.max_len
+  if split_dir:  # out of domain: longer sentences, so a longer output limit; a subset and fewer criteria
+    ood = dict(item.split('=', 1) for item in plan.ood.split(','))
+    max_examples, max_len = int(ood['examples']), int(ood['max_len'])
+    criteria = tuple(ood['criteria'].split('+'))
   if name == 'base':
-    ks = (1,)  # the base model has one head: its row is the greedy baseline of the study
-  cfg = _config(config, **{'data.distilled_from': '', 'decode.splits': (split_name,), 'decode.ks': ks,
-                           'decode.criteria': plan.criteria if name != 'base' else ('exact',),
-                           'decode.batch_sizes': plan.batch_sizes, 'decode.max_examples': plan.max_examples})
-  if split_dir:
-    cfg.data.dir = split_dir
-  out = os.path.join(workdir, f'decode_{split_name}')
-  if os.path.exists(os.path.join(out, 'results.json')):
-    return
-  logging.info('Stage decode: %s on %s', name, split_name)
-  evaluate.decode_sweep(cfg, workdir)
-  os.replace(os.path.join(workdir, evaluate.DECODE_DIR), out)
+    ks, criteria = (1,), ('exact',)  # the base model has one head: its row is the greedy baseline of the study
+  for batch_size in plan.batch_sizes:
+    examples = plan.batch1_examples if batch_size == 1 and plan.batch1_examples else max_examples
+    cfg = _config(config, **{'data.distilled_from': '', 'decode.splits': (split_name,), 'decode.ks': ks,
+                             'decode.criteria': criteria, 'decode.batch_sizes': (batch_size,),
+                             'decode.max_examples': examples, 'decode.max_len': max_len,
+                             'decode.timing_examples': plan.timing_examples,
+                             'decode.timing_repeats': plan.timing_repeats})
+    if split_dir:
+      cfg.data.dir = split_dir
+    out = os.path.join(workdir, f'decode_{split_name}_b{batch_size}')
+    if os.path.exists(os.path.join(out, 'results.json')):
+      continue
+    logging.info('Stage decode: %s on %s at batch %d', name, split_name, batch_size)
+    evaluate.decode_sweep(cfg, workdir)
+    os.replace(os.path.join(workdir, evaluate.DECODE_DIR), out)
 
 
 def write_table(root, plan):
@@ -151,7 +189,7 @@ def write_table(root, plan):
   if not rows:
     logging.warning('No decode results under %s yet.', root)
     return
-  columns = [('model', 'model', '{}')] + report.COLUMNS
+  columns = [('model', 'model', '{}')] + report.COLUMNS[:2] + [('examples', 'examples', '{}')] + report.COLUMNS[2:]
   with open(os.path.join(root, 'study.md'), 'w') as f:
     f.write(report.markdown_table(rows, columns) + '\n')
   with open(os.path.join(root, 'study.json'), 'w') as f:

@@ -16,6 +16,7 @@ import pytest
 from bpd import checkpoint
 from bpd import distill
 from bpd import evaluate
+from bpd import model as model_lib
 from bpd import train
 from bpd.data import synthetic
 from bpd.data import tokenizer as tokenizer_lib
@@ -75,6 +76,19 @@ def test_frozen_training_leaves_base_parameters_bitwise_unchanged(trained, tmp_p
     jax.tree.map(np.testing.assert_array_equal, frozen[name], base[name])
   fresh = _params(frozen_dir)['multi_output']
   assert any(np.abs(x).sum() > 0 for x in jax.tree.leaves(fresh))
+
+
+def test_head1_weight_weighs_the_first_head_in_the_loss():
+  model = model_lib.Transformer(model_lib.model_config('tiny', vocab_size=50, k=3))
+  params = model_lib.init_params(model.config, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  batch = {'src_BxS': rng.integers(4, 50, (2, 6)), 'tgt_BxT': rng.integers(4, 50, (2, 5))}
+  kwargs = dict(model=model, head_loss='mean', label_smoothing=0.1, train=False)
+  plain, aux = train.loss_and_metrics(params, batch, None, **kwargs)
+  weighted, _ = train.loss_and_metrics(params, batch, None, head1_weight=4.0, **kwargs)
+  loss_K = np.asarray(aux['loss_K'])
+  np.testing.assert_allclose(plain, loss_K.mean(), rtol=1e-6)
+  np.testing.assert_allclose(weighted, (4 * loss_K[0] + loss_K[1:].sum()) / 6, rtol=1e-6)
 
 
 def test_finetune_moves_base_parameters(trained):

@@ -10,7 +10,8 @@ from tests.test_pipeline import tiny_config
 def test_study_runs_every_stage_and_resumes(tmp_path):
   config = tiny_config(**{'k': 3, 'data.synthetic_train_size': 48, 'train.num_steps': 4})
   plan = translation_study.Plan(regimes=('finetune',), data=('distilled',), splits=('test',), ks=(1, 2, 3),
-                                criteria=('exact', 'top_k:2'), batch_sizes=(8,), max_examples=8)
+                                criteria=('exact', 'top_k:2'), batch_sizes=(1, 8), max_examples=8,
+                                batch1_examples=3, timing_examples=4, timing_repeats=2, finetune_head1_weight=3.0)
   root = str(tmp_path)
   translation_study.run_stages(config, root, plan)
   rows = json.load(open(os.path.join(root, 'study.json')))
@@ -19,9 +20,14 @@ def test_study_runs_every_stage_and_resumes(tmp_path):
   settings = {(r['model'], r['k'], r['criterion']) for r in rows}
   assert ('finetune_distilled', 3, 'top_k:2') in settings and ('base', 1, 'greedy') in settings
   assert all(r['identical_to_greedy'] == 1.0 for r in rows if r['criterion'] == 'exact')
+  assert {(r['batch_size'], r['examples']) for r in rows} == {(1, 3), (8, 8)}  # batch 1 decodes a subset
+  block_rows = [r for r in rows if r['criterion'] != 'greedy']
+  assert all(r['timing_repeats'] == 2 and r['batch_invocations'] >= 1 and r['greedy_seconds'] > 0
+             for r in block_rows)
+  assert all(r['batch_invocations'] <= r['invocations'] for r in block_rows if r['batch_size'] == 8)
   assert os.path.exists(os.path.join(root, 'base', 'distill', 'train.de'))
   for name in ('study.md', 'study.csv', 'study_test_b8_finetune_distilled.png'):
     assert os.path.exists(os.path.join(root, name)), name
-  stamp = os.path.getmtime(os.path.join(root, 'finetune_distilled', 'decode_test', 'results.json'))
+  stamp = os.path.getmtime(os.path.join(root, 'finetune_distilled', 'decode_test_b8', 'results.json'))
   translation_study.run_stages(config, root, plan)  # everything is done: nothing runs again
-  assert os.path.getmtime(os.path.join(root, 'finetune_distilled', 'decode_test', 'results.json')) == stamp
+  assert os.path.getmtime(os.path.join(root, 'finetune_distilled', 'decode_test_b8', 'results.json')) == stamp
