@@ -68,3 +68,44 @@ def write(records, out_dir: str) -> None:
     groups[(r['split'], r['batch_size'])].append(r)
   for (split, batch_size), rows in groups.items():
     plot(rows, os.path.join(out_dir, f'{split}.b{batch_size}.png'), f'{split}, batch size {batch_size}')
+
+
+def paper_table(records, row_keys=('model', 'criterion')) -> str:
+  """Paper-style pivot (Stern et al. Tables 1-3): one row per (model, criterion), one column per k.
+
+  Each cell is "quality / mean accepted block / speedup" of one setting. `records` should hold one split and
+  one batch size; the greedy rows (k = 1) form the first column.
+  """
+  ks = sorted({r['k'] for r in records})
+  metric = records[0].get('quality_metric', 'quality') if records else 'quality'
+  header = list(row_keys) + [f'k={k}' for k in ks]
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  groups = collections.OrderedDict()
+  for r in records:
+    groups.setdefault(tuple(r[key] for key in row_keys), {})[r['k']] = r
+  for key, by_k in groups.items():
+    cells = [f"{r['quality']:.2f} / {r['mean_accepted_block_size']:.2f} / {r['speedup']:.2f}x" if r else ''
+             for r in (by_k.get(k) for k in ks)]
+    lines.append('| ' + ' | '.join(map(str, key)) + ' | ' + ' | '.join(cells) + ' |')
+  return f'cells: {metric} / mean accepted block size / wall-clock speedup\n\n' + '\n'.join(lines)
+
+
+def plot_models(records, path, key='mean_accepted_block_size', title=''):
+  """One line per (model, criterion) against k: how training choices move acceptance (or speedup, quality)."""
+  lines = collections.defaultdict(list)
+  for r in records:
+    if r['criterion'] != 'greedy':
+      lines[f"{r.get('model', '')} {r['criterion']}".strip()].append(r)
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  for label, rows in sorted(lines.items()):
+    rows = sorted(rows, key=lambda r: r['k'])
+    ax.plot([r['k'] for r in rows], [r[key] for r in rows], marker='o', label=label)
+  ax.set_xlabel('k (heads used)')
+  ax.set_ylabel(key.replace('_', ' '))
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  ax.set_title(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+

@@ -10,7 +10,8 @@ Stages (an interrupted study resumes at the stage it was in; training resumes fr
                  a k'-head model with this multi-output layer)
   4. decode      every model on every evaluation split: greedy, and blockwise for k' in --ks and each criterion,
                  at each batch size                                               W/<model>/decode_<split>_b<B>
-  5. table       one paper-style table: W/study.md, W/study.csv, W/study.json, and plots W/study_<split>.png
+  5. table       every row: W/study.md, .csv, .json; paper-style pivots (model x criterion by k) W/study_paper.md;
+                 plots per model and of acceptance / speedup across models, W/study_<split>_b<B>_*.png
 --stages picks a subset; --grid_regimes / --grid_data cut the grid to fit a time budget.
 Evaluation splits come as NAME or NAME@DIR (a split of parallel text in another folder, e.g. the out-of-domain
 newstest2013@../shared/data/wmt14).
@@ -205,6 +206,20 @@ def write_table(root, plan):
         if subset:
           report.plot(subset, os.path.join(root, f'study_{split}_b{batch_size}_{name}.png'),
                       f'{name}: {split}, batch {batch_size}')
+  # Paper-style views: per split and batch size, rows (model, criterion) by columns k; and acceptance plots.
+  sections = []
+  for split in sorted({r['split'] for r in rows}):
+    for batch_size in sorted({r['batch_size'] for r in rows}):
+      subset = [r for r in rows if r['split'] == split and r['batch_size'] == batch_size]
+      examples = sorted({r['examples'] for r in subset})
+      sections.append(f'### {split}, batch size {batch_size} ({"/".join(map(str, examples))} examples)\n\n'
+                      + report.paper_table(subset))
+      for key in ('mean_accepted_block_size', 'speedup'):
+        report.plot_models([r for r in subset if r['criterion'] == 'exact'],
+                           os.path.join(root, f'study_{split}_b{batch_size}_{key}.png'), key,
+                           f'exact acceptance: {split}, batch {batch_size}')
+  with open(os.path.join(root, 'study_paper.md'), 'w') as f:
+    f.write('\n\n'.join(sections) + '\n')
   print(report.markdown_table(rows, columns))
 
 

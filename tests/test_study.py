@@ -26,8 +26,11 @@ def test_study_runs_every_stage_and_resumes(tmp_path):
              for r in block_rows)
   assert all(r['batch_invocations'] <= r['invocations'] for r in block_rows if r['batch_size'] == 8)
   assert os.path.exists(os.path.join(root, 'base', 'distill', 'train.de'))
-  for name in ('study.md', 'study.csv', 'study_test_b8_finetune_distilled.png'):
+  for name in ('study.md', 'study.csv', 'study_paper.md', 'study_test_b8_finetune_distilled.png',
+               'study_test_b8_mean_accepted_block_size.png'):
     assert os.path.exists(os.path.join(root, name)), name
+  paper = open(os.path.join(root, 'study_paper.md')).read()
+  assert '| finetune_distilled | top_k:2 |' in paper and '| base | greedy |' in paper and 'k=3' in paper
   stamp = os.path.getmtime(os.path.join(root, 'finetune_distilled', 'decode_test_b8', 'results.json'))
   translation_study.run_stages(config, root, plan)  # everything is done: nothing runs again
   assert os.path.getmtime(os.path.join(root, 'finetune_distilled', 'decode_test_b8', 'results.json')) == stamp
