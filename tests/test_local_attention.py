@@ -12,15 +12,14 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from bpd import decoding
 from bpd import layers
-from bpd import losses
 from bpd import model as model_lib
 from bpd.data import images
 from bpd.errors import UserError
+from tests.conftest import train_toy
 
 BOS = 2
 NO_EOS = -1  # Images have no EOS: an id the model never emits, so decoding runs to max_len.
@@ -152,26 +151,7 @@ def image_model():
   """A tiny 4-head local-attention model trained 200 Adam steps on the toy super-resolution task."""
   config = model_lib.model_config('image_tiny', vocab_size=images.IMAGE_VOCAB_SIZE, k=IMAGE_K,
                                   dropout_rate=0.0, attention_block=IMAGE_BLOCK)
-  model = model_lib.Transformer(config)
-  params = model_lib.init_params(config, jax.random.PRNGKey(0))
-  opt = optax.adam(3e-3)
-  opt_state = opt.init(params)
-
-  @jax.jit
-  def step(params, opt_state, src, tgt):
-    def loss_fn(p):
-      tgt_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)), constant_values=BOS)
-      loss_K, _, _ = losses.heads_cross_entropy(model.apply({'params': p}, src, tgt_in), tgt)
-      return jnp.mean(loss_K)
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = opt.update(grads, opt_state)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  rng = np.random.RandomState(0)
-  for _ in range(200):
-    src, tgt, _ = image_batch(rng, 4)
-    params, opt_state, _ = step(params, opt_state, src, tgt)
-  return model, params
+  return train_toy(config, lambda rng: image_batch(rng, 4)[:2], steps=200)
 
 
 @functools.partial(jax.jit, static_argnames=('model',))
