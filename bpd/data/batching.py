@@ -171,7 +171,9 @@ def make_fixed_train_batch_fn(src_NxS: np.ndarray, tgt_NxT: np.ndarray, batch_si
   an image's source is short), depending on (seed, step) alone, with `steps_per_epoch`. Every epoch is a
   seeded permutation of all examples, its last batch filled by wrapping around (see `_epoch_batches`).
   """
-  src_NxS, tgt_NxT = np.asarray(src_NxS, np.int32), np.asarray(tgt_NxT, np.int32)
+  # Kept in the caller's dtype (e.g. uint16 pixel ids: half the memory of int32 for TFDS's 162k faces);
+  # each batch is cast to int32.
+  src_NxS, tgt_NxT = np.asarray(src_NxS), np.asarray(tgt_NxT)
   if len(src_NxS) != len(tgt_NxT):
     raise ValueError(f'{len(src_NxS)} source sequences but {len(tgt_NxT)} targets')
   if not len(src_NxS):
@@ -188,7 +190,7 @@ def make_fixed_train_batch_fn(src_NxS: np.ndarray, tgt_NxT: np.ndarray, batch_si
   def batch_for_step(step: int) -> dict:
     epoch, i = divmod(int(step), steps_per_epoch)
     rows_B = epoch_batches(epoch)[i]
-    return {'src_BxS': src_NxS[rows_B], 'tgt_BxT': tgt_NxT[rows_B]}
+    return {'src_BxS': src_NxS[rows_B].astype(np.int32), 'tgt_BxT': tgt_NxT[rows_B].astype(np.int32)}
 
   batch_for_step.steps_per_epoch = steps_per_epoch
   return batch_for_step
