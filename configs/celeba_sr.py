@@ -20,10 +20,17 @@ runlocal (cpu, shrunk to a smoke run of a few steps).
 CPU variant (`cpu`): image_tiny (d=64, 1 encoder + 2 decoder layers, ff 256, 4 attention heads), local
 attention blocks of 128, batch 4 images (4 x 3072 target positions), 600 base steps (regime=base) and 150
 head steps (regime=frozen|finetune; the study sets both with --base_steps / --head_steps).
-Measured on this machine on ONE core (`taskset -c 1`, the other core busy with another job), compile excluded:
-STEP_TIMES
-Decoding a 32x32 image greedily at batch 1 costs ~3 ms per sub-pixel (~10 s per image), so the sweep
-decodes 8 validation images (config.decode.max_examples).
+Measured on this 2-core machine on ONE core (`taskset -c 1`; the other core shared with another training job),
+compile excluded, train steps at batch 4:
+  k = 1 (base):            1.41 s/step (median of 6 bare train steps); 1.6 s/step in the real loop
+                           -> 600 steps ~ 15 min
+  k = 10 (frozen/finetune): 3.94 s/step bare; 3.4-3.6 s/step in the real loop (frozen, finetune)
+                           -> 150 steps ~ 9-10 min
+  (With another process busy on the other core, the base step doubled to ~3.2 s: memory bandwidth is shared.)
+  Greedy decoding at batch 1: ~1.8 s per 32x32 image (3072 steps, ~0.6 ms each), so the sweep decodes 32
+  validation images (config.decode.max_examples): ~1 min per setting.
+The k = 10 step costs 2.5x the base step: the multi-output layer (9 heads x d_ff 256 per position) and 10
+vocabulary projections at 3072 positions per image dominate this tiny model.
 """
 
 from configs import common
@@ -72,7 +79,7 @@ def get_config(arg: str | None = None):
     c.train.checkpoint_every = 50
     c.train.log_every = 25
     c.decode.ks = tuple(k for k in (2, 4, 10) if k <= c.k)
-    c.decode.max_examples = 8
+    c.decode.max_examples = 32
   if 'runlocal' in args:
     c.train.num_steps = 20
     c.train.checkpoint_every = 10
