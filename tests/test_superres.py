@@ -180,3 +180,26 @@ def test_error_bad_image_source_and_decode_length(tmp_path, trained):
                 tiny_config(data, **{'data.image_source': 'png'}), str(tmp_path / 'w'))
   _expect_error(r'max_len=4000: a 32x32x3 image has 3072 sub-pixels', evaluate.decode_sweep,
                 tiny_config(data, **{'k': 3, 'decode.max_len': 4000}), heads_dir)
+
+
+def test_study_skips_trained_stages_decodes_and_writes_table_and_grid(trained, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from experiments import superres_study  # pylint: disable=g-import-not-at-top
+  data, base_dir, heads_dir, _, _ = trained
+  root = str(tmp_path / 'study')
+  shutil.copytree(base_dir, os.path.join(root, 'base'), ignore=shutil.ignore_patterns('decode*'))
+  shutil.copytree(heads_dir, os.path.join(root, 'frozen'), ignore=shutil.ignore_patterns('decode*'))
+  plan = superres_study.Plan(regimes=('frozen',), ks=(3,), max_examples=2, base_steps=2, head_steps=2)
+  config = tiny_config(data, k=3)
+  superres_study.run_stages(config, root, plan)  # both models are trained to their steps: decode and table only
+  rows = json.load(open(os.path.join(root, 'study.json')))
+  assert {(r['model'], r['k'], r['criterion']) for r in rows} >= {
+      ('base', 1, 'greedy'), ('frozen', 3, 'exact'), ('frozen', 3, 'distance:2')}
+  assert all(r['identical_to_greedy'] == 1.0 for r in rows if r['criterion'] == 'exact')
+  grid = Image.open(os.path.join(root, 'study_val_grid.png'))
+  assert grid.height == 5 * (128 + 2) + 2  # input, ground truth, base greedy, frozen k3 exact and distance:2
+  for name in ('study.md', 'study.csv', 'study_val_b1_frozen.png'):
+    assert os.path.exists(os.path.join(root, name)), name
+  stamp = os.path.getmtime(os.path.join(root, 'frozen', 'decode_val', 'results.json'))
+  superres_study.run_stages(config, root, plan)
+  assert os.path.getmtime(os.path.join(root, 'frozen', 'decode_val', 'results.json')) == stamp
