@@ -79,10 +79,12 @@ def load_params(workdir: str, what: str = '--workdir', mesh=None) -> tuple[model
   config = read_model_config(workdir, what)
   mngr = manager(workdir)
   step = mngr.latest_step()
+  # Shapes only (jax.eval_shape): running the initializers op by op just for a template took ~5 s.
+  shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.PRNGKey(0)))
   if mesh is None:
-    template = model_lib.init_params(config, jax.random.PRNGKey(0))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
   else:
-    shapes = jax.eval_shape(lambda: model_lib.init_params(config, jax.random.PRNGKey(0)))
     template = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes,
                             sharding.state_sharding(shapes, mesh))
   params = restore(mngr, {'params': template}, step)['params']

@@ -71,7 +71,8 @@ def check_init_from(model_config: model_lib.ModelConfig, init_from: str, workdir
   if not init_from:
     return
   base = checkpoint.read_model_config(init_from, 'config.train.init_from')
-  fields = ('vocab_size', 'd_model', 'num_heads', 'num_encoder_layers', 'num_decoder_layers', 'd_ff')
+  fields = ('vocab_size', 'd_model', 'num_heads', 'num_encoder_layers', 'num_decoder_layers', 'd_ff',
+            'attention_block')
   diffs = [f'{f}: {getattr(base, f)} there, {getattr(model_config, f)} here' for f in fields
            if getattr(base, f) != getattr(model_config, f)]
   mine = os.path.join(workdir, tokenizer_lib.MODEL_NAME)

@@ -51,8 +51,9 @@ class Decoder:
   is split along 'data' and the outputs come back replicated, so that every process can read them all.
   """
 
-  def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None):
-    self.model, self.max_len, self.mesh = model, max_len, mesh
+  def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None, eos_id: int = tokenizer_lib.EOS_ID):
+    # eos_id=-1 (images) never matches a token: decoding always runs for max_len tokens.
+    self.model, self.max_len, self.mesh, self.eos_id = model, max_len, mesh, eos_id
     out = None if mesh is None else sharding.replicated(mesh)
     self._greedy_jit = jax.jit(self._greedy, out_shardings=out)
     self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('k', 'criterion'), out_shardings=out)
@@ -77,14 +78,14 @@ class Decoder:
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
     state = init_state(src_BxS, self.max_len + 1)
     tokens, length, _ = decoding.greedy(score_fn, state, batch_size=src_BxS.shape[0], max_len=self.max_len,
-                                        bos_id=tokenizer_lib.BOS_ID, eos_id=tokenizer_lib.EOS_ID)
+                                        bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
     return tokens, length
 
   def _blockwise(self, params, src_BxS, k, criterion):
     init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
     state = init_state(src_BxS, self.max_len + k + 1)
     return decoding.blockwise(score_fn, propose_fn, state, batch_size=src_BxS.shape[0], k=k,
-                              max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=tokenizer_lib.EOS_ID,
+                              max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
                               criterion=criterion)
 
   def _beam(self, params, src_BxS, beam_size, alpha):
@@ -92,7 +93,7 @@ class Decoder:
     state = init_state(src_BxS, self.max_len + 1)
     tokens, _ = decoding.beam_search(score_fn, state, batch_size=src_BxS.shape[0], beam_size=beam_size,
                                      max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID,
-                                     eos_id=tokenizer_lib.EOS_ID, alpha=alpha)
+                                     eos_id=self.eos_id, alpha=alpha)
     return tokens[:, 0]
 
 
@@ -234,6 +235,9 @@ def write_lines(path, lines):
 
 def decode_sweep(config, workdir: str) -> list[dict]:
   """The `--mode=decode` sweep over the newest checkpoint in `workdir`; writes {workdir}/decode/*."""
+  if config.data.source == 'images':  # super-resolution: PSNR/SSIM and image grids (bpd/evaluate_images.py)
+    from bpd import evaluate_images  # pylint: disable=g-import-not-at-top  (it imports this module)
+    return evaluate_images.decode_sweep(config, workdir)
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)
   mesh = sharding.make_mesh(config.get('model_axis_size', 1))

@@ -53,8 +53,8 @@ def plot(records, path, title=''):
   plt.close(fig)
 
 
-def write(records, out_dir: str) -> None:
-  """results.json, results.md and one plot per (split, batch size), each written atomically."""
+def write(records, out_dir: str, columns=COLUMNS) -> None:
+  """results.json, results.md (`columns` of the table) and one plot per (split, batch size), atomically."""
   def atomic(name, text):
     tmp = os.path.join(out_dir, name + '.tmp')
     with open(tmp, 'w') as f:
@@ -62,7 +62,7 @@ def write(records, out_dir: str) -> None:
     os.replace(tmp, os.path.join(out_dir, name))
 
   atomic('results.json', json.dumps(records, indent=1))
-  atomic('results.md', markdown_table(records) + '\n')
+  atomic('results.md', markdown_table(records, columns) + '\n')
   groups = collections.defaultdict(list)
   for r in records:
     groups[(r['split'], r['batch_size'])].append(r)

@@ -9,6 +9,11 @@ Regimes (paper §6):
 Loss: the mean of the k heads' cross-entropies, or (head_loss='random') one head drawn per step, as the
 original tensor2tensor code did to save memory.
 
+Images (config.data.source=images, paper §7.2): the same loop on 8x8 -> 32x32 super-resolution; the source
+is 192 and the target 3072 pixel ids of a fixed vocabulary (no tokenizer), batches have fixed shapes, and the
+periodic evaluation reports loss and per-head accuracy (plus, if config.train.eval_psnr_examples > 0, the
+greedy PSNR of that many images: 3072 decoder steps each, slow on a CPU).
+
 Runs resume from the newest checkpoint in the workdir. Batches and dropout depend only on (seed, step), so
 a resumed run reproduces an uninterrupted one exactly.
 
@@ -32,11 +37,13 @@ import optax
 from bpd import checkpoint
 from bpd import checks
 from bpd import evaluate
+from bpd import evaluate_images
 from bpd import losses
 from bpd import metrics
 from bpd import model as model_lib
 from bpd import sharding
 from bpd.data import batching
+from bpd.data import images
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.errors import UserError
@@ -149,12 +156,11 @@ def initial_params(model_config, regime: str, init_from: str, seed: int, mesh=No
   return model_lib.add_heads(base_params, fresh) if model_config.k > 1 else base_params
 
 
-def evaluate_during_training(params, eval_step, decoder, tokenizer, eval_data, batch_size, bucket_lengths,
-                             mesh):
-  """Loss and per-head accuracy on the eval split, and a quick greedy BLEU on its first examples."""
-  src_ids, tgt_ids, src_text, ref_text = eval_data
+def evaluate_during_training(params, eval_step, eval_batches, quick_eval, mesh):
+  """Loss and per-head accuracy over `eval_batches` [(indices_B, src_BxS, tgt_BxT)], plus `quick_eval(params)`
+  (a dict: greedy BLEU on a few sentences, or greedy PSNR on a few images)."""
   loss_sum, acc_sum, weight_sum = 0.0, 0.0, 0.0
-  for indices, src, tgt in batching.eval_batches(src_ids, tgt_ids, batch_size, bucket_lengths):
+  for _, src, tgt in eval_batches:
     batch = sharding.shard_global_batch({'src_BxS': src, 'tgt_BxT': tgt}, mesh)
     aux = jax.device_get(eval_step(params, batch))
     loss_sum += aux['loss_K'] * aux['weight_K']
@@ -163,10 +169,46 @@ def evaluate_during_training(params, eval_step, decoder, tokenizer, eval_data, b
   weight_sum = np.maximum(weight_sum, 1)
   out = {'loss': float(np.mean(loss_sum / weight_sum))}
   out.update({f'accuracy_head{i + 1}': float(a) for i, a in enumerate(acc_sum / weight_sum)})
-  n = min(EVAL_BLEU_EXAMPLES, len(src_ids))
-  hyps = evaluate.greedy_translate(decoder, params, tokenizer, src_ids[:n], batch_size, bucket_lengths)
-  out['greedy_bleu'] = evaluate.bleu(hyps, ref_text[:n])
+  out.update(quick_eval(params))
   return out
+
+
+def text_data(config, tokenizer, decoder):
+  """Translation: (batch_for_step, eval_batches, quick_eval) from the configured text source."""
+  dc, tc = config.data, config.train
+  src, tgt = pipeline.load_split(dc, dc.train_split, config.seed)
+  src_ids, tgt_ids, stats = batching.encode_pairs(tokenizer, src, tgt, dc.max_len)
+  logging.info('Training pairs: %s', stats)
+  batch_for_step = batching.make_train_batch_fn(src_ids, tgt_ids, tc.batch_size, dc.bucket_lengths, config.seed)
+  eval_src, eval_tgt = pipeline.load_split(dc, dc.eval_split, config.seed)
+  if dc.max_eval_examples:
+    eval_src, eval_tgt = eval_src[:dc.max_eval_examples], eval_tgt[:dc.max_eval_examples]
+  e_src_ids, e_tgt_ids, _ = batching.encode_pairs(tokenizer, eval_src, eval_tgt, dc.max_len, truncate=True)
+  eval_batches = batching.eval_batches(e_src_ids, e_tgt_ids, tc.batch_size, dc.bucket_lengths)
+
+  def quick_eval(params):
+    n = min(EVAL_BLEU_EXAMPLES, len(e_src_ids))
+    hyps = evaluate.greedy_translate(decoder, params, tokenizer, e_src_ids[:n], tc.batch_size, dc.bucket_lengths)
+    return {'greedy_bleu': evaluate.bleu(hyps, eval_tgt[:n])}
+  return batch_for_step, eval_batches, quick_eval
+
+
+def image_data(config, decoder):
+  """Super-resolution: (batch_for_step, eval_batches, quick_eval); sources [N, 192], targets [N, 3072]."""
+  dc, tc = config.data, config.train
+  src_NxS, tgt_NxT = pipeline.image_tokens(*pipeline.load_image_split(dc, dc.train_split))
+  src_NxS, tgt_NxT = src_NxS.astype(np.uint16), tgt_NxT.astype(np.uint16)  # ids < 259: half the memory
+  batch_for_step = batching.make_fixed_train_batch_fn(src_NxS, tgt_NxT, tc.batch_size, config.seed)
+  eval_lowres, eval_highres = pipeline.load_image_split(dc, dc.eval_split, dc.max_eval_examples or None)
+  eval_batches = batching.fixed_eval_batches(*pipeline.image_tokens(eval_lowres, eval_highres), tc.batch_size)
+  n = tc.get('eval_psnr_examples', 0)
+
+  def quick_eval(params):
+    if not n:
+      return {}
+    return {'greedy_psnr': evaluate_images.greedy_psnr(decoder, params, eval_lowres[:n], eval_highres[:n],
+                                                       tc.batch_size)}
+  return batch_for_step, eval_batches, quick_eval
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -176,26 +218,28 @@ def train_and_evaluate(config, workdir: str) -> dict:
   mesh = sharding.make_mesh(config.get('model_axis_size', 1))
   sharding.check_batch_size(tc.batch_size, mesh)
   logging.info('Mesh %s over %d process(es).', dict(mesh.shape), jax.process_count())
-  # Process 0 trains (or copies) the tokenizer; the others wait for the file, then load it.
-  tokenizer = sharding.process_zero_first(
-      lambda: pipeline.tokenizer_for(workdir, dc, config.seed, reuse_from=tc.init_from), 'tokenizer')
-  model_config = model_lib.model_config(config.model.size, vocab_size=tokenizer.vocab_size,
+  if dc.source == 'images':
+    tokenizer, vocab_size = None, images.IMAGE_VOCAB_SIZE  # pixel ids 3..258; 0..2 as in text (pad, eos, bos)
+  else:
+    # Process 0 trains (or copies) the tokenizer; the others wait for the file, then load it.
+    tokenizer = sharding.process_zero_first(
+        lambda: pipeline.tokenizer_for(workdir, dc, config.seed, reuse_from=tc.init_from), 'tokenizer')
+    vocab_size = tokenizer.vocab_size
+  model_config = model_lib.model_config(config.model.size, vocab_size=vocab_size,
                                         k=1 if tc.regime == 'base' else config.k,
-                                        dropout_rate=config.model.dropout_rate, dtype=config.model.dtype)
+                                        dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
+                                        attention_block=config.model.get('attention_block', 0))
   checks.check_init_from(model_config, tc.init_from if tc.regime != 'base' else '', workdir)
   if jax.process_index() == 0:
     checkpoint.write_model_config(workdir, model_config)
   model = model_lib.Transformer(model_config)
 
-  src, tgt = pipeline.load_split(dc, dc.train_split, config.seed)
-  src_ids, tgt_ids, stats = batching.encode_pairs(tokenizer, src, tgt, dc.max_len)
-  logging.info('Training pairs: %s', stats)
-  batch_for_step = batching.make_train_batch_fn(src_ids, tgt_ids, tc.batch_size, dc.bucket_lengths, config.seed)
-  eval_src, eval_tgt = pipeline.load_split(dc, dc.eval_split, config.seed)
-  if dc.max_eval_examples:
-    eval_src, eval_tgt = eval_src[:dc.max_eval_examples], eval_tgt[:dc.max_eval_examples]
-  e_src_ids, e_tgt_ids, _ = batching.encode_pairs(tokenizer, eval_src, eval_tgt, dc.max_len, truncate=True)
-  eval_data = (e_src_ids, e_tgt_ids, eval_src, eval_tgt)
+  if dc.source == 'images':
+    decoder = evaluate.Decoder(model, max_len=config.decode.max_len, mesh=mesh, eos_id=evaluate_images.NO_EOS)
+    batch_for_step, eval_batches, quick_eval = image_data(config, decoder)
+  else:
+    decoder = evaluate.Decoder(model, max_len=dc.max_len, mesh=mesh)
+    batch_for_step, eval_batches, quick_eval = text_data(config, tokenizer, decoder)
 
   mngr = checkpoint.manager(workdir, tc.keep_checkpoints)
   start_step = mngr.latest_step()
@@ -215,7 +259,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                label_smoothing=tc.label_smoothing, state_sharding=state_sharding,
                                frozen=tc.regime == 'frozen', head1_weight=tc.get('head1_weight', 1.0))
   eval_step = make_eval_step(model, label_smoothing=tc.label_smoothing, mesh=mesh)
-  decoder = evaluate.Decoder(model, max_len=dc.max_len, mesh=mesh)
   rows = sharding.local_rows(tc.batch_size, mesh)  # this process's rows of every global batch
   writer = metrics.Writer(workdir)
   progress = metrics.Progress(start_step, tc.num_steps, 'train')
@@ -250,8 +293,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         logging.info('%s | loss %.4f | head accuracy %s', progress.line(step), scalars['loss'],
                      ' '.join(f'{a:.3f}' for a in out['acc_K']))
       if tc.eval_every and (step % tc.eval_every == 0 or step == tc.num_steps):
-        eval_metrics = evaluate_during_training(state['params'], eval_step, decoder, tokenizer, eval_data,
-                                                tc.batch_size, dc.bucket_lengths, mesh)
+        eval_metrics = evaluate_during_training(state['params'], eval_step, eval_batches, quick_eval, mesh)
         writer.scalars(step, eval_metrics, prefix='eval')
         logging.info('eval at step %d: %s', step,
                      ', '.join(f'{k} {v:.4f}' for k, v in eval_metrics.items()))

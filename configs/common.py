@@ -4,9 +4,12 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   seed                 one seed for initialization, data order and dropout.
   k                    number of heads of the model (1 = plain Transformer; paper: 1..10).
   model_axis_size      mesh axis that shards the vocabulary and feed-forward weights (1: pure data parallel).
-  model.size           tiny | small | base | big (bpd/model.py SIZES); model.* other fields override it.
-  data.source          synthetic | text | tfds.
-  data.dir             folder with {split}.{src_lang} / {split}.{tgt_lang} (source=text).
+  model.size           tiny | small | base | big | image_tiny | image_small (bpd/model.py SIZES).
+  model.attention_block  decoder self-attention: 0 = full causal, W > 0 = local blocks of W (images).
+  data.source          synthetic | text | tfds (translation) | images (CelebA 8x8 -> 32x32).
+  data.dir             folder with {split}.{src_lang} / {split}.{tgt_lang} (source=text), or with
+                       {split}.npy / {split}_8x8.npy (source=images, image_source=npy).
+  data.image_source    npy (arrays in data.dir) | tfds (TFDS celeb_a in data.tfds_data_dir); source=images.
   data.tfds_data_dir   TFDS data dir (source=tfds); None = TFDS's default.
   data.vocab_size      SentencePiece vocabulary, shared by source and target.
   data.max_len         longest training example in tokens (EOS included); longer pairs are dropped.
@@ -32,11 +35,13 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.size = 'small'
   c.model.dropout_rate = 0.1
   c.model.dtype = 'float32'
+  c.model.attention_block = 0  # 0: full causal decoder self-attention; W > 0: local 1D blocks (images)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'synthetic'
   c.data.dir = ''
   c.data.tfds_data_dir = ml_collections.FieldReference(None, field_type=str)
+  c.data.image_source = 'npy'  # source=images: 'npy' (data.dir) or 'tfds' (celeb_a)
   c.data.src_lang = 'en'
   c.data.tgt_lang = 'de'
   c.data.train_split = 'train'
@@ -62,6 +67,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3
   c.train.eval_every = 1000  # 0: never
   c.train.log_every = 100
+  c.train.eval_psnr_examples = 0  # source=images: greedy-decode this many eval images for a PSNR (slow on CPU)
 
   c.decode = ml_collections.ConfigDict()
   c.decode.splits = ('val',)

@@ -207,7 +207,7 @@ def test_load_tfds_split_fails_fast_when_not_prepared(tmp_path):
   assert time.time() - start < 5.0
   message = str(error.value)
   assert 'not prepared' in message and 'tfds build celeb_a' in message
-  assert 'config.data.source=npy' in message and 'config.data.dir' in message
+  assert 'config.data.image_source=npy' in message and 'config.data.dir' in message
 
 
 def test_load_tfds_split_rejects_tfrecord_format(tmp_path):

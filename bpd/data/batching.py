@@ -159,3 +159,55 @@ def eval_batches(src_ids: Sequence[np.ndarray], tgt_ids: Sequence[np.ndarray] | 
       tgt_BxL = _pad([tgt_ids[i] for i in indices] + [np.array([], np.int32)] * num_fill, length)
       batches.append((indices_B, src_BxL, tgt_BxL))
   return batches
+
+
+# -- fixed-length examples (images: 192 source and 3072 target pixel ids, no padding, no buckets) ----------
+
+def make_fixed_train_batch_fn(src_NxS: np.ndarray, tgt_NxT: np.ndarray, batch_size: int,
+                              seed: int) -> Callable[[int], dict]:
+  """`make_train_batch_fn` for examples that all have one length: the same contract, without buckets.
+
+  Returns `batch_for_step(step) -> {'src_BxS': int32 [B, S], 'tgt_BxT': int32 [B, T]}` (S and T differ:
+  an image's source is short), depending on (seed, step) alone, with `steps_per_epoch`. Every epoch is a
+  seeded permutation of all examples, its last batch filled by wrapping around (see `_epoch_batches`).
+  """
+  # Kept in the caller's dtype (e.g. uint16 pixel ids: half the memory of int32 for TFDS's 162k faces);
+  # each batch is cast to int32.
+  src_NxS, tgt_NxT = np.asarray(src_NxS), np.asarray(tgt_NxT)
+  if len(src_NxS) != len(tgt_NxT):
+    raise ValueError(f'{len(src_NxS)} source sequences but {len(tgt_NxT)} targets')
+  if not len(src_NxS):
+    raise UserError('No training examples: the training split is empty; check config.data.')
+  one_bucket_N = np.zeros(len(src_NxS), np.int64)
+  steps_per_epoch = math.ceil(len(src_NxS) / batch_size)
+  logging.info('%d fixed-length examples (source %d, target %d); %d batches of %d per epoch.', len(src_NxS),
+               src_NxS.shape[1], tgt_NxT.shape[1], steps_per_epoch, batch_size)
+
+  @functools.lru_cache(maxsize=2)
+  def epoch_batches(epoch: int) -> list[np.ndarray]:
+    return _epoch_batches(one_bucket_N, 1, batch_size, seed, epoch)
+
+  def batch_for_step(step: int) -> dict:
+    epoch, i = divmod(int(step), steps_per_epoch)
+    rows_B = epoch_batches(epoch)[i]
+    return {'src_BxS': src_NxS[rows_B].astype(np.int32), 'tgt_BxT': tgt_NxT[rows_B].astype(np.int32)}
+
+  batch_for_step.steps_per_epoch = steps_per_epoch
+  return batch_for_step
+
+
+def fixed_eval_batches(src_NxS: np.ndarray, tgt_NxT: np.ndarray, batch_size: int) -> list[tuple]:
+  """`eval_batches` for fixed-length examples: (indices_B, src_BxS, tgt_BxT), in order, no buckets.
+
+  Fill rows of the last batch have index -1, a source of EOS ids (never a fully masked row) and an
+  all-padding target (weight 0 in the loss).
+  """
+  batches = []
+  for start in range(0, len(src_NxS), batch_size):
+    indices = np.arange(start, min(start + batch_size, len(src_NxS)))
+    num_fill = batch_size - len(indices)
+    indices_B = np.concatenate([indices, np.full(num_fill, -1)]).astype(np.int32)
+    src_BxS = np.concatenate([src_NxS[indices], np.full((num_fill, src_NxS.shape[1]), EOS_ID)]).astype(np.int32)
+    tgt_BxT = np.concatenate([tgt_NxT[indices], np.full((num_fill, tgt_NxT.shape[1]), PAD_ID)]).astype(np.int32)
+    batches.append((indices_B, src_BxS, tgt_BxT))
+  return batches

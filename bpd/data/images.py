@@ -190,7 +190,7 @@ def _prepared_celeba_builder(tfds_data_dir):
   how = (f'Prepare it on a machine with internet: `tfds build {TFDS_NAME} --data_dir={root} '
          '--file_format=array_record` and copy that folder here (celeb_a\'s files come from Google Drive, '
          'which can refuse downloads over quota: retry later). Or use local arrays: '
-         'config.data.source=npy with config.data.dir=../shared/data/celeba32.')
+         'config.data.image_source=npy with config.data.dir=../shared/data/celeba32.')
   if not builder.is_prepared():
     dataset_dir = os.path.join(root, TFDS_NAME)
     versions = sorted(os.listdir(dataset_dir)) if os.path.isdir(dataset_dir) else []

@@ -1,9 +1,12 @@
-"""Translation data for training and decoding: read a split from the configured source, tokenize it.
+"""Training and decoding data: read a split from the configured source (translation text, or images).
 
 Sources (config.data.source):
   synthetic  the embedded rule-based corpus (bpd/data/synthetic.py); splits train / val / test.
   text       parallel files {dir}/{split}.{src_lang} and {dir}/{split}.{tgt_lang}, e.g. Multi30k.
   tfds       WMT14 En->De through TFDS (bpd/data/wmt14.py); splits train / validation / test.
+  images     CelebA 8x8 -> 32x32 super-resolution (bpd/data/images.py; paper §7.2), from .npy arrays in
+             data.dir (data.image_source=npy, e.g. ../shared/data/celeba32: splits train / val) or from TFDS
+             celeb_a (image_source=tfds: train / validation / test). No tokenizer: pixel ids, fixed lengths.
 With config.data.distilled_from=TEACHER_DIR the training split is TEACHER_DIR/distill/train.* instead
 (sequence-level distillation, paper §6.2), written by `--mode=distill`.
 
@@ -16,13 +19,15 @@ import shutil
 
 from absl import logging
 
+from bpd.data import images
 from bpd.data import synthetic
 from bpd.data import text_files
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.data import wmt14
 from bpd.errors import UserError
 
-SOURCES = ('synthetic', 'text', 'tfds')
+SOURCES = ('synthetic', 'text', 'tfds', 'images')
+IMAGE_SOURCES = ('npy', 'tfds')
 DISTILL_DIR = 'distill'
 
 
@@ -39,6 +44,8 @@ def check_source(data_config, need_splits=()):
   if data_config.source == 'tfds':
     for split in need_splits:
       wmt14.prepared_builder(split, data_config.tfds_data_dir)
+  if data_config.source == 'images':
+    _check_image_source(data_config, need_splits)
   if data_config.distilled_from:
     for lang in (data_config.src_lang, data_config.tgt_lang):
       path = os.path.join(data_config.distilled_from, DISTILL_DIR, f'train.{lang}')
@@ -46,6 +53,38 @@ def check_source(data_config, need_splits=()):
         raise UserError(f'config.data.distilled_from={data_config.distilled_from!r} has no distilled corpus '
                         f'({path} is missing). Run `python -m bpd.main --mode=distill '
                         f'--workdir={data_config.distilled_from} --config=...` first.')
+
+
+def _check_image_source(data_config, need_splits):
+  image_source = data_config.get('image_source', 'npy')
+  if image_source not in IMAGE_SOURCES:
+    raise UserError(f'config.data.image_source={image_source!r} is not one of {IMAGE_SOURCES}.')
+  if data_config.distilled_from:
+    raise UserError('config.data.distilled_from is for translation; images train on their ground truth. '
+                    'Set --config.data.distilled_from=.')
+  if image_source == 'npy' and not data_config.dir:
+    raise UserError('config.data.source=images with image_source=npy needs config.data.dir: a folder with '
+                    'train.npy (N,32,32,3) uint8, val.npy, ... (e.g. --config.data.dir=../shared/data/celeba32).')
+  for split in need_splits:
+    # Reading the arrays checks files, shapes and dtypes (a few MB, well under a second); with TFDS,
+    # max_examples=0 checks that the dataset is prepared and the split exists without reading any image.
+    load_image_split(data_config, split, max_examples=0)
+
+
+def load_image_split(data_config, split: str, max_examples: int | None = None):
+  """(lowres_Nx8x8x3, highres_Nx32x32x3) uint8 of one image split: all of it, or its first max_examples."""
+  if data_config.get('image_source', 'npy') == 'tfds':
+    return images.load_tfds_split(split, data_config.tfds_data_dir, max_examples=max_examples)
+  lowres_Nx8x8x3, highres_Nx32x32x3 = images.load_npy_split(data_config.dir, split)
+  if max_examples is not None:
+    lowres_Nx8x8x3, highres_Nx32x32x3 = lowres_Nx8x8x3[:max_examples], highres_Nx32x32x3[:max_examples]
+  return lowres_Nx8x8x3, highres_Nx32x32x3
+
+
+def image_tokens(lowres_Nx8x8x3, highres_Nx32x32x3):
+  """(src_NxS, tgt_NxT) int32 pixel ids: S = 8*8*3 = 192, T = 32*32*3 = 3072. No EOS: every image has
+  exactly T sub-pixels, and decoding runs for a fixed length."""
+  return images.image_to_tokens(lowres_Nx8x8x3), images.image_to_tokens(highres_Nx32x32x3)
 
 
 def load_split(data_config, split: str, seed: int = 0) -> tuple[list[str], list[str]]:

@@ -1,0 +1,176 @@
+"""Decoding sweep for super-resolution (CelebA 8x8 -> 32x32, paper §7.2): PSNR/SSIM, image grids.
+
+`bpd.evaluate.decode_sweep` hands over here when config.data.source == 'images'. The decoding itself is
+bpd/evaluate.py's `Decoder` over bpd/decoding.py (one decode loop for text and images); this module only
+feeds it pixel ids and scores the outputs as images.
+
+Images have no EOS: every output is max_len = 3072 sub-pixels (config.decode.max_len; a smaller value decodes
+only the first max_len sub-pixels, for tests and smoke runs: the rest of each image is left black, 0, in the
+grids, the saved arrays and the metrics). The Decoder runs with eos_id = NO_EOS, which no token equals: with
+the text EOS id (1), `distance:EPS` acceptance could accept an EOS proposal next to intensity 0 (id 3) and
+stop an image early.
+
+Records (results.json) have the keys of translation's (bpd/evaluate.py `decode_split`), with
+  quality          mean per-image PSNR in dB against the ground-truth 32x32 image (quality_metric 'psnr');
+  ssim             mean per-image SSIM against the ground truth;
+  psnr_vs_greedy   PSNR of all outputs against greedy's (the MSE pooled over the split): inf when identical.
+Also {split}.{setting}.b{batch}.npy (uint8 [N, 32, 32, 3], the outputs in source order) and, per split,
+{split}.grid.png: one row per setting (labelled: input 8x8 enlarged by nearest neighbour, greedy, each
+blockwise setting, ground truth), one column per example (the first config.decode.grid_examples, default 8).
+"""
+
+import os
+
+from absl import logging
+import jax
+import numpy as np
+
+from bpd import checkpoint
+from bpd import checks
+from bpd import evaluate
+from bpd import model as model_lib
+from bpd import report
+from bpd import sharding
+from bpd.data import images
+from bpd.data import pipeline
+from bpd.errors import UserError
+
+NO_EOS = -1  # no token id equals it: image decoding never stops early
+TARGET_LEN = images.HIGHRES * images.HIGHRES * 3  # 3072 sub-pixels
+GRID_EXAMPLES = 8
+# results.md: translation's columns (quality = PSNR) plus these.
+COLUMNS = report.COLUMNS + [('ssim', 'SSIM', '{:.3f}'), ('psnr_vs_greedy', 'PSNR vs greedy', '{:.2f}')]
+
+
+def outputs_to_images(tokens_NxL) -> np.ndarray:
+  """Decoded ids [N, L <= 3072] -> uint8 [N, 32, 32, 3]; sub-pixels past L are black (see module doc)."""
+  tokens_NxL = np.asarray(tokens_NxL)
+  full_NxT = np.zeros((tokens_NxL.shape[0], TARGET_LEN), np.int64)  # id 0 -> intensity 0 in tokens_to_image
+  full_NxT[:, :tokens_NxL.shape[1]] = tokens_NxL[:, :TARGET_LEN]
+  return images.tokens_to_image(full_NxT)
+
+
+def pooled_psnr(a_NxHxWx3, b_NxHxWx3) -> float:
+  """PSNR in dB of the mean squared error over all sub-pixels of all images; inf if identical."""
+  mse = np.mean((np.asarray(a_NxHxWx3, np.float64) - np.asarray(b_NxHxWx3, np.float64)) ** 2)
+  return float('inf') if mse == 0 else float(10.0 * np.log10(255.0 ** 2 / mse))
+
+
+def _decode_all(fn, src_NxS, batch_size, what):
+  """fn(src_BxS) over every example: (outputs in source order, seconds), compile and warm-up excluded."""
+  rows = list(src_NxS)
+  evaluate.run_batches(fn, rows[:batch_size], batch_size)  # compile + one run on the timed shapes
+  return evaluate.run_batches(fn, rows, batch_size, what)
+
+
+def greedy_psnr(decoder, params, lowres_Nx8x8x3, highres_Nx32x32x3, batch_size) -> float:
+  """Mean PSNR of greedy outputs on a few images (the optional quick evaluation during training)."""
+  src_NxS = images.image_to_tokens(lowres_Nx8x8x3)
+  outputs, _ = evaluate.run_batches(lambda src: decoder.greedy(params, src)[0], list(src_NxS), batch_size)
+  return float(np.mean(images.psnr(outputs_to_images(np.stack(outputs)), highres_Nx32x32x3)))
+
+
+def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, sweep, batch_size, out_dir,
+                 model_k, step):
+  """Greedy plus every (k', criterion) of the sweep on one split at one batch size.
+
+  Returns (records, {setting name: uint8 [N, 32, 32, 3] outputs}).
+  """
+  src_NxS = images.image_to_tokens(lowres_Nx8x8x3)
+  n = len(src_NxS)
+
+  def scores(outputs_Nx32x32x3):
+    return (float(np.mean(images.psnr(outputs_Nx32x32x3, highres_Nx32x32x3))),
+            float(np.mean(images.ssim(outputs_Nx32x32x3, highres_Nx32x32x3))))
+
+  greedy_out, greedy_seconds = _decode_all(lambda src: decoder.greedy(params, src), src_NxS, batch_size,
+                                           f'{split} greedy b{batch_size}')
+  greedy_tokens_NxL = np.stack([o[0] for o in greedy_out])
+  greedy_images = outputs_to_images(greedy_tokens_NxL)
+  greedy_tokens_count = int(sum(int(o[1]) for o in greedy_out))
+  greedy_psnr_db, greedy_ssim = scores(greedy_images)
+  base = {'split': split, 'batch_size': batch_size, 'examples': n, 'step': step, 'model_k': model_k,
+          'greedy_seconds': greedy_seconds, 'greedy_quality': greedy_psnr_db, 'quality_metric': 'psnr'}
+  records = [{**base, 'k': 1, 'criterion': 'greedy', 'quality': greedy_psnr_db, 'ssim': greedy_ssim,
+              'psnr_vs_greedy': float('inf'), 'mean_accepted_block_size': 1.0, 'iterations': greedy_tokens_count,
+              'invocations': greedy_tokens_count, 'tokens': greedy_tokens_count, 'seconds': greedy_seconds,
+              'speedup': 1.0, 'identical_to_greedy': 1.0}]
+  outputs_by_name = {'greedy': greedy_images}
+  logging.info('%s b%d greedy: PSNR %.2f dB, SSIM %.3f, %.2fs', split, batch_size, greedy_psnr_db, greedy_ssim,
+               greedy_seconds)
+
+  for k, criterion in sweep:
+    name = evaluate.setting_name(k, criterion)
+    outputs, seconds = _decode_all(
+        lambda src, k=k, criterion=criterion: decoder.blockwise(params, src, k=k, criterion=criterion),
+        src_NxS, batch_size, f'{split} {name} b{batch_size}')
+    tokens_NxL = np.stack([o.tokens_BxL for o in outputs])
+    out_images = outputs_to_images(tokens_NxL)
+    outputs_by_name[name] = out_images
+    psnr_db, ssim_value = scores(out_images)
+    produced = int(sum(int(o.length_B) for o in outputs))
+    iterations = int(sum(int(o.iterations_B) for o in outputs))
+    histogram = np.sum([np.asarray(o.block_counts_BxK) for o in outputs], axis=0)
+    record = {**base, 'k': k, 'criterion': str(criterion), 'quality': psnr_db, 'ssim': ssim_value,
+              'psnr_vs_greedy': pooled_psnr(out_images, greedy_images),
+              'mean_accepted_block_size': produced / max(iterations, 1), 'iterations': iterations,
+              'invocations': iterations + n, 'tokens': produced, 'seconds': seconds,
+              'speedup': greedy_seconds / seconds,
+              'identical_to_greedy': float(np.mean(np.all(tokens_NxL == greedy_tokens_NxL, axis=1))),
+              'block_size_histogram': [int(c) for c in histogram]}
+    records.append(record)
+    logging.info('%s b%d %s: PSNR %.2f dB (greedy %.2f, vs greedy %.2f), mean accepted block %.2f, '
+                 'speedup %.2fx, identical %.3f', split, batch_size, name, psnr_db, greedy_psnr_db,
+                 record['psnr_vs_greedy'], record['mean_accepted_block_size'], record['speedup'],
+                 record['identical_to_greedy'])
+  if jax.process_index() == 0:
+    for name, out_images in outputs_by_name.items():
+      np.save(os.path.join(out_dir, f'{split}.{name}.b{batch_size}.npy'), out_images)
+  return records, outputs_by_name
+
+
+def save_grid(path_png, lowres_Nx8x8x3, highres_Nx32x32x3, outputs_by_name, num_examples):
+  """Rows: input (8x8, enlarged), greedy, each blockwise setting, ground truth; one column per example."""
+  n = min(num_examples, len(highres_Nx32x32x3))
+  names = list(outputs_by_name)
+  rows = [lowres_Nx8x8x3[:n]] + [outputs_by_name[name][:n] for name in names] + [highres_Nx32x32x3[:n]]
+  labels = ['input 8x8'] + names + ['ground truth']
+  return images.save_image_grid(path_png, rows, row_labels=labels)
+
+
+def check_image_decode(config) -> None:
+  """Image-only decode settings, before anything is compiled."""
+  if config.decode.max_len > TARGET_LEN:
+    raise UserError(f'config.decode.max_len={config.decode.max_len}: a 32x32x3 image has {TARGET_LEN} '
+                    f'sub-pixels; use {TARGET_LEN} (the whole image) or less (its first sub-pixels only).')
+
+
+def decode_sweep(config, workdir: str) -> list[dict]:
+  """`--mode=decode` for images: writes {workdir}/decode/ results.json, results.md, plots, grids, arrays."""
+  model_config = checkpoint.read_model_config(workdir)
+  sweep = checks.check_decode(config, workdir, model_config.k)
+  check_image_decode(config)
+  mesh = sharding.make_mesh(config.get('model_axis_size', 1))
+  _, params, step = checkpoint.load_params(workdir, mesh=mesh)
+  decoder = evaluate.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh, eos_id=NO_EOS)
+  out_dir = os.path.join(workdir, evaluate.DECODE_DIR)
+  if jax.process_index() == 0:
+    os.makedirs(out_dir, exist_ok=True)
+  records = []
+  for split in config.decode.splits:
+    lowres_Nx8x8x3, highres_Nx32x32x3 = pipeline.load_image_split(config.data, split,
+                                                                  config.decode.max_examples or None)
+    for i, batch_size in enumerate(config.decode.batch_sizes):
+      batch_size = sharding.decode_batch_size(batch_size, mesh)
+      split_records, outputs_by_name = decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3,
+                                                    sweep, batch_size, out_dir, model_config.k, step)
+      records += split_records
+      if jax.process_index() == 0:
+        report.write(records, out_dir, COLUMNS)  # after every batch size: an interrupted sweep keeps what it measured
+        if i == 0:  # one grid per split (outputs do not depend on the batch size, up to rounding)
+          save_grid(os.path.join(out_dir, f'{split}.grid.png'), lowres_Nx8x8x3, highres_Nx32x32x3,
+                    outputs_by_name, config.decode.get('grid_examples', GRID_EXAMPLES))
+  if jax.process_index() == 0:
+    print(report.markdown_table(records, COLUMNS))
+  return records
+

@@ -1,0 +1,90 @@
+r"""CelebA 8x8 -> 32x32 super-resolution (paper §7.2) with k = 10 heads; a CPU variant that trains here.
+
+The paper (DESIGN §2): an Image Transformer (Parmar et al. 2018) conditioned on the 8x8 image writes the
+32x32x3 image as 3072 sub-pixel intensities (raster order, R, G, B; 256 classes each), k = 10, criteria
+`exact` and `distance:2`; mean accepted block sizes 1.10 (frozen, exact), 1.40 (frozen, eps=2), 2.04
+(fine-tuned, exact), 6.79 (fine-tuned, eps=2). The paper does not give the image model's size here; the
+default below is a d=512, 6+6-layer Transformer (model.size=base) with local 1D block self-attention of 256
+positions in the decoder (Image Transformer's local 1D attention; block size our assumption), for
+accelerators.
+
+Arguments (comma-separated key=value): k (default 10), regime (base|frozen|finetune), cpu (the variant below),
+runlocal (cpu, shrunk to a smoke run of a few steps).
+
+  python -m bpd.main --config=configs/celeba_sr.py:cpu --workdir=runs/sr/base
+  python -m bpd.main --config=configs/celeba_sr.py:cpu,regime=finetune --workdir=runs/sr/finetune \
+      --config.train.init_from=runs/sr/base
+  python -m bpd.main --config=configs/celeba_sr.py:cpu --workdir=runs/sr/finetune --mode=decode
+  python -m experiments.superres_study --config=configs/celeba_sr.py:cpu --workdir=runs/sr_study   # all stages
+
+CPU variant (`cpu`): image_tiny (d=64, 1 encoder + 2 decoder layers, ff 256, 4 attention heads), local
+attention blocks of 128, batch 4 images (4 x 3072 target positions), 600 base steps (regime=base) and 150
+head steps (regime=frozen|finetune; the study sets both with --base_steps / --head_steps).
+Measured on this 2-core machine on ONE core (`taskset -c 1`; the other core shared with another training job),
+compile excluded, train steps at batch 4:
+  k = 1 (base):            1.41 s/step (median of 6 bare train steps); 1.6 s/step in the real loop
+                           -> 600 steps ~ 15 min
+  k = 10 (frozen/finetune): 3.94 s/step bare; 3.4-3.6 s/step in the real loop (frozen, finetune)
+                           -> 150 steps ~ 9-10 min
+  (With another process busy on the other core, the base step doubled to ~3.2 s: memory bandwidth is shared.)
+  Greedy decoding at batch 1: ~1.8 s per 32x32 image (3072 steps, ~0.6 ms each), so the sweep decodes 32
+  validation images (config.decode.max_examples): ~1 min per setting.
+The k = 10 step costs 2.5x the base step: the multi-output layer (9 heads x d_ff 256 per position) and 10
+vocabulary projections at 3072 positions per image dominate this tiny model.
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  args = dict((a.split('=', 1) + [''])[:2] for a in arg.split(',')) if arg else {}
+  c = common.defaults()
+  c.k = int(args.get('k', 10))
+  c.model.size = 'base'
+  c.model.attention_block = 256
+  c.model.dropout_rate = 0.1
+  c.data.source = 'images'
+  c.data.image_source = 'npy'
+  c.data.dir = '../shared/data/celeba32'  # 4560 train / 780 val faces (SOURCE.md); or image_source=tfds
+  c.data.train_split = 'train'
+  c.data.eval_split = 'val'
+  c.data.max_eval_examples = 256
+  c.train.regime = args.get('regime', 'base')
+  c.train.num_steps = 100000
+  c.train.batch_size = 32
+  c.train.learning_rate = 1e-3
+  c.train.warmup_steps = 4000
+  c.train.label_smoothing = 0.0  # pixel intensities: keep the argmax sharp for distance acceptance
+  c.train.eval_every = 5000
+  c.train.checkpoint_every = 2000
+  c.train.log_every = 200
+  c.decode.splits = ('val',)
+  c.decode.ks = tuple(k for k in (1, 2, 4, 6, 8, 10) if k <= c.k)
+  c.decode.criteria = ('exact', 'distance:2')
+  c.decode.batch_sizes = (1,)
+  c.decode.max_len = 3072  # the whole image; less decodes only its first sub-pixels (tests, smoke runs)
+  c.decode.max_examples = 64
+  c.decode.grid_examples = 8
+  if 'cpu' in args or 'runlocal' in args:
+    c.model.size = 'image_tiny'
+    c.model.attention_block = 128
+    c.model.dropout_rate = 0.0  # half an epoch of 4560 faces: too short to overfit
+    c.data.max_eval_examples = 32
+    # ~15 min for the base and ~10 min for the k = 10 heads on one core (see the step times above).
+    c.train.num_steps = 600 if c.train.regime == 'base' else 150
+    c.train.batch_size = 4
+    c.train.learning_rate = 2e-3
+    c.train.warmup_steps = 100
+    c.train.eval_every = 0 if 'runlocal' in args else c.train.num_steps  # at the end only
+    c.train.checkpoint_every = 50
+    c.train.log_every = 25
+    c.decode.ks = tuple(k for k in (2, 4, 10) if k <= c.k)
+    c.decode.max_examples = 32
+  if 'runlocal' in args:
+    c.train.num_steps = 20
+    c.train.checkpoint_every = 10
+    c.train.log_every = 5
+    c.data.max_eval_examples = 8
+    c.decode.max_examples = 2
+    c.decode.max_len = 256
+  return c

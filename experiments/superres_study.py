@@ -1,0 +1,185 @@
+r"""The paper's super-resolution study (§7.2, CelebA 8x8 -> 32x32, k = 10), stage by stage; each stage is
+skipped when its output exists.
+
+  python -m experiments.superres_study --config=configs/celeba_sr.py:cpu --workdir=runs/sr_study \
+      --base_steps=600 --head_steps=150
+
+Stages (an interrupted study resumes at the stage it was in; training resumes from its checkpoint):
+  1. base    a plain image Transformer (k = 1)                                         W/base
+  2. heads   k-head models from the base, one per regime in --regimes (frozen, finetune)   W/<regime>
+  3. decode  every model on every split: greedy, and blockwise for k' in --ks and each criterion (exact,
+             distance:2), at each batch size; PSNR/SSIM against the ground truth    W/<model>/decode_<split>
+  4. table   W/study.md, W/study.csv, W/study.json, plots W/study_<split>_b<batch>_<model>.png, and one image
+             grid W/study_<split>_grid.png: input, ground truth, and greedy and every setting of each model.
+The paper's numbers to compare with (DESIGN §2; k = 10): mean accepted block size 1.10 (frozen, exact),
+1.40 (frozen, distance:2), 2.04 (fine-tuned, exact), 6.79 (fine-tuned, distance:2).
+"""
+
+import csv
+import dataclasses
+import json
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+import numpy as np
+
+from bpd import checkpoint
+from bpd import evaluate
+from bpd import evaluate_images
+from bpd import metrics
+from bpd import report
+from bpd import train
+from bpd.data import images
+from bpd.data import pipeline
+from configs import common
+
+_CONFIG = config_flags.DEFINE_config_file('config', 'configs/celeba_sr.py:cpu', 'The study config.')
+_WORKDIR = flags.DEFINE_string('workdir', 'runs/sr_study', 'Root folder of the study.')
+_STAGES = flags.DEFINE_list('stages', ['base', 'heads', 'decode', 'table'], 'Stages to run.')
+_REGIMES = flags.DEFINE_list('regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
+_SPLITS = flags.DEFINE_list('splits', ['val'], 'Evaluation splits (config.data.dir/<split>.npy, or TFDS).')
+_KS = flags.DEFINE_list('ks', ['2', '4', '10'], "Heads k' to decode with (<= config.k).")
+_CRITERIA = flags.DEFINE_list('criteria', ['exact', 'distance:2'], 'Acceptance criteria.')
+_BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1'], 'Decode batch sizes.')
+_MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 32, 'Decode at most this many images per split (0: all).')
+_BASE_STEPS = flags.DEFINE_integer('base_steps', 0, 'Override config.train.num_steps for the base (0: keep).')
+_HEAD_STEPS = flags.DEFINE_integer('head_steps', 0, 'Override config.train.num_steps for k-head models.')
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What the study runs: the flags above, as one value the stage functions take."""
+  stages: tuple = ('base', 'heads', 'decode', 'table')
+  regimes: tuple = ('frozen', 'finetune')
+  splits: tuple = ('val',)
+  ks: tuple = (2, 4, 10)
+  criteria: tuple = ('exact', 'distance:2')
+  batch_sizes: tuple = (1,)
+  max_examples: int = 32
+  base_steps: int = 0
+  head_steps: int = 0
+
+  @classmethod
+  def from_flags(cls):
+    return cls(stages=tuple(_STAGES.value), regimes=tuple(_REGIMES.value), splits=tuple(_SPLITS.value),
+               ks=tuple(int(k) for k in _KS.value), criteria=tuple(_CRITERIA.value),
+               batch_sizes=tuple(int(b) for b in _BATCH_SIZES.value), max_examples=_MAX_EXAMPLES.value,
+               base_steps=_BASE_STEPS.value, head_steps=_HEAD_STEPS.value)
+
+
+def _done_training(workdir, steps):
+  return (checkpoint.latest_step(workdir) or 0) >= steps
+
+
+def model_dirs(root, plan):
+  return {'base': os.path.join(root, 'base'), **{r: os.path.join(root, r) for r in plan.regimes}}
+
+
+def run_stages(config, root, plan: Plan):
+  base_dir = os.path.join(root, 'base')
+  stages = set(plan.stages)
+  if 'base' in stages:
+    cfg = common.override(config, **{'train.regime': 'base', 'train.init_from': ''})
+    if plan.base_steps:
+      cfg.train.num_steps = plan.base_steps
+    if not _done_training(base_dir, cfg.train.num_steps):
+      logging.info('Stage base -> %s', base_dir)
+      train.train_and_evaluate(cfg, base_dir)
+  if 'heads' in stages:
+    for regime in plan.regimes:
+      workdir = os.path.join(root, regime)
+      cfg = common.override(config, **{'train.regime': regime, 'train.init_from': base_dir})
+      if plan.head_steps:
+        cfg.train.num_steps = plan.head_steps
+      if not _done_training(workdir, cfg.train.num_steps):
+        logging.info('Stage heads: %s -> %s', regime, workdir)
+        train.train_and_evaluate(cfg, workdir)
+  if 'decode' in stages:
+    for name, workdir in model_dirs(root, plan).items():
+      for split in plan.splits:
+        decode_one(config, name, workdir, split, plan)
+  if 'table' in stages:
+    write_table(config, root, plan)
+
+
+def decode_one(config, name, workdir, split, plan):
+  """The decode sweep of one model on one split, into W/<model>/decode_<split>/."""
+  out = os.path.join(workdir, f'decode_{split}')
+  if os.path.exists(os.path.join(out, 'results.json')):
+    return
+  model_k = checkpoint.read_model_config(workdir).k
+  ks = (1,) if name == 'base' else tuple(k for k in plan.ks if k <= model_k)  # base: the greedy baseline
+  cfg = common.override(config, **{'decode.splits': (split,), 'decode.ks': ks,
+                                   'decode.criteria': plan.criteria if name != 'base' else ('exact',),
+                                   'decode.batch_sizes': plan.batch_sizes, 'decode.max_examples': plan.max_examples})
+  logging.info('Stage decode: %s on %s', name, split)
+  evaluate.decode_sweep(cfg, workdir)
+  os.replace(os.path.join(workdir, evaluate.DECODE_DIR), out)
+
+
+def write_table(config, root, plan):
+  """study.md / .csv / .json, plots, and one image grid per split from every decode result of the study."""
+  rows = []
+  for name, workdir in model_dirs(root, plan).items():
+    for split in plan.splits:
+      path = os.path.join(workdir, f'decode_{split}', 'results.json')
+      if os.path.exists(path):
+        rows += [{'model': name, **r} for r in json.load(open(path))]
+  if not rows:
+    logging.warning('No decode results under %s yet.', root)
+    return
+  columns = [('model', 'model', '{}')] + evaluate_images.COLUMNS
+  with open(os.path.join(root, 'study.md'), 'w') as f:
+    f.write(report.markdown_table(rows, columns) + '\n')
+  with open(os.path.join(root, 'study.json'), 'w') as f:
+    json.dump(rows, f, indent=1)
+  with open(os.path.join(root, 'study.csv'), 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+    writer.writeheader()
+    writer.writerows(rows)
+  for split in sorted({r['split'] for r in rows}):
+    for batch_size in sorted({r['batch_size'] for r in rows}):
+      for name in sorted({r['model'] for r in rows if r['model'] != 'base'}):
+        subset = [r for r in rows if r['split'] == split and r['batch_size'] == batch_size and r['model'] == name]
+        if subset:
+          report.plot(subset, os.path.join(root, f'study_{split}_b{batch_size}_{name}.png'),
+                      f'{name}: {split}, batch {batch_size}')
+    write_grid(config, root, plan, split, batch_size=min(r['batch_size'] for r in rows if r['split'] == split))
+  print(report.markdown_table(rows, columns))
+
+
+def write_grid(config, root, plan, split, batch_size):
+  """W/study_<split>_grid.png: input 8x8, ground truth, then every model's greedy and blockwise outputs."""
+  n = config.decode.get('grid_examples', 8)
+  n = min(n, plan.max_examples) if plan.max_examples else n
+  lowres_Nx8x8x3, highres_Nx32x32x3 = pipeline.load_image_split(config.data, split, n)
+  n = len(highres_Nx32x32x3)
+  rows, labels = [lowres_Nx8x8x3, highres_Nx32x32x3], ['input 8x8', 'ground truth']
+  for name, workdir in model_dirs(root, plan).items():
+    folder = os.path.join(workdir, f'decode_{split}')
+    if not os.path.exists(os.path.join(folder, 'results.json')):
+      continue
+    for r in json.load(open(os.path.join(folder, 'results.json'))):
+      # The base's greedy row; the blockwise rows of the head models (a frozen model's greedy is the base's,
+      # a fine-tuned one's equals its exact rows).
+      if r['batch_size'] != batch_size or (r['criterion'] == 'greedy') != (name == 'base'):
+        continue
+      setting = 'greedy' if r['criterion'] == 'greedy' else evaluate.setting_name(r['k'], r['criterion'])
+      outputs = np.load(os.path.join(folder, f'{split}.{setting}.b{batch_size}.npy'))[:n]
+      if len(outputs) == n:
+        rows.append(outputs)
+        labels.append(f'{name} {setting}')
+  images.save_image_grid(os.path.join(root, f'study_{split}_grid.png'), rows, row_labels=labels)
+
+
+def main(argv):
+  del argv
+  metrics.quiet_library_logs()
+  run_stages(_CONFIG.value, _WORKDIR.value, Plan.from_flags())
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,205 @@
+"""Super-resolution through the real entry points (train_and_evaluate, decode_sweep) on a tiny config:
+npy and mock-TFDS data, frozen heads, the decode sweep's PSNR/SSIM records and image grid, clear errors."""
+
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from PIL import Image
+import pytest
+
+from bpd import checkpoint
+from bpd import evaluate
+from bpd import evaluate_images
+from bpd import train
+from bpd.data import images
+from bpd.data import pipeline
+from bpd.errors import UserError
+from configs import celeba_sr
+from configs import common
+from tests.test_images import _write_prepared_celeba_metadata
+
+DECODE_LEN = 24  # decode only the first 24 of 3072 sub-pixels: the loop is the same, the test is fast
+
+
+def fake_faces(n, seed):
+  """Smooth random 32x32 'faces' (upsampled 4x4 noise): neighbouring sub-pixels are predictable."""
+  coarse = np.random.default_rng(seed).integers(0, 256, (n, 4, 4, 3)).astype(np.uint8)
+  return np.repeat(np.repeat(coarse, 8, axis=1), 8, axis=2)
+
+
+def npy_dir(root):
+  """A folder laid out like ../shared/data/celeba32 (train/val .npy and _8x8.npy), with 6 and 3 images."""
+  os.makedirs(root, exist_ok=True)
+  for split, n, seed in (('train', 6, 0), ('val', 3, 1)):
+    highres = fake_faces(n, seed)
+    np.save(os.path.join(root, f'{split}.npy'), highres)
+    np.save(os.path.join(root, f'{split}_8x8.npy'), images.downsample_area(highres, 8))
+  return root
+
+
+def tiny_config(data_dir, **overrides):
+  c = celeba_sr.get_config('runlocal')
+  c.data.dir = data_dir
+  c.data.max_eval_examples = 2
+  c.train.batch_size = 2
+  c.train.num_steps = 2
+  c.train.checkpoint_every = 2
+  c.train.log_every = 1
+  c.train.eval_every = 2
+  c.decode.ks = (3,)  # each setting costs a compile
+  c.decode.criteria = ('exact', 'distance:2')
+  c.decode.batch_sizes = (1,)
+  c.decode.max_examples = 2
+  c.decode.max_len = DECODE_LEN
+  return common.override(c, **overrides)
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """A base model (2 steps) and a 3-head frozen model (2 steps) on fake npy faces."""
+  root = tmp_path_factory.mktemp('sr')
+  data = npy_dir(str(root / 'data'))
+  base_dir, heads_dir = str(root / 'base'), str(root / 'frozen')
+  base_metrics = train.train_and_evaluate(tiny_config(data, **{'train.eval_every': 0}), base_dir)
+  heads_metrics = train.train_and_evaluate(
+      tiny_config(data, **{'k': 3, 'train.regime': 'frozen', 'train.init_from': base_dir,
+                           'train.eval_psnr_examples': 1}), heads_dir)
+  return data, base_dir, heads_dir, base_metrics, heads_metrics
+
+
+def test_training_on_images_uses_pixel_vocabulary_and_local_attention(trained):
+  _, base_dir, heads_dir, base_metrics, heads_metrics = trained
+  for workdir in (base_dir, heads_dir):
+    model_config = checkpoint.read_model_config(workdir)
+    assert model_config.vocab_size == images.IMAGE_VOCAB_SIZE
+    assert model_config.attention_block == 128
+    assert not os.path.exists(os.path.join(workdir, 'spm.model'))  # no tokenizer for pixels
+  assert checkpoint.read_model_config(heads_dir).k == 3
+  assert base_metrics == {'step': 2}  # eval_every=0
+  assert {'loss', 'accuracy_head1', 'accuracy_head3', 'greedy_psnr'} <= set(heads_metrics)
+
+
+def test_frozen_image_heads_leave_the_base_bitwise_unchanged(trained):
+  _, base_dir, heads_dir, _, _ = trained
+  base = jax.device_get(checkpoint.load_params(base_dir)[1])
+  heads = jax.device_get(checkpoint.load_params(heads_dir)[1])
+  assert set(heads) == set(base) | {'multi_output'}
+  for name in base:
+    jax.tree.map(np.testing.assert_array_equal, heads[name], base[name])
+
+
+def test_image_decode_sweep_writes_psnr_records_and_grid(trained):
+  data, _, heads_dir, _, _ = trained
+  records = evaluate.decode_sweep(tiny_config(data, k=3), heads_dir)
+  out = os.path.join(heads_dir, 'decode')
+  assert json.load(open(os.path.join(out, 'results.json'))) == json.loads(json.dumps(records))
+  assert {(r['k'], r['criterion']) for r in records} == {(1, 'greedy'), (3, 'exact'), (3, 'distance:2')}
+  for r in records:
+    assert r['quality_metric'] == 'psnr' and r['examples'] == 2
+    for key in ('quality', 'ssim', 'psnr_vs_greedy', 'greedy_quality', 'mean_accepted_block_size', 'iterations',
+                'invocations', 'tokens', 'seconds', 'greedy_seconds', 'speedup', 'identical_to_greedy'):
+      assert key in r, key
+    assert r['tokens'] == 2 * DECODE_LEN  # no EOS: every image runs to max_len
+    assert 1.0 <= r['mean_accepted_block_size'] <= r['k']
+    if r['criterion'] in ('greedy', 'exact'):
+      assert r['identical_to_greedy'] == 1.0
+      assert r['quality'] == records[0]['quality'] and r['psnr_vs_greedy'] == float('inf')
+  assert 'PSNR vs greedy' in open(os.path.join(out, 'results.md')).read()
+  greedy = np.load(os.path.join(out, 'val.greedy.b1.npy'))
+  assert greedy.shape == (2, 32, 32, 3) and greedy.dtype == np.uint8
+  assert not greedy.reshape(2, -1)[:, DECODE_LEN:].any()  # not decoded: black
+  # Grid: rows input, greedy, 2 blockwise settings, ground truth; 2 columns; cells 32*4 px + 2 px gaps.
+  grid = Image.open(os.path.join(out, 'val.grid.png'))
+  assert grid.height == 5 * (128 + 2) + 2
+  assert grid.width > 2 * (128 + 2) + 2  # plus the label column
+
+
+def test_decoded_images_round_trip_the_tokens(trained):
+  tokens_NxL = np.arange(2 * DECODE_LEN).reshape(2, DECODE_LEN) % 256 + images.PIXEL_OFFSET
+  out = evaluate_images.outputs_to_images(tokens_NxL)
+  np.testing.assert_array_equal(images.image_to_tokens(out)[:, :DECODE_LEN], tokens_NxL)
+
+
+def test_mock_tfds_celeb_a_through_the_pipeline(tmp_path):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  _write_prepared_celeba_metadata(str(tmp_path))
+  config = tiny_config('', **{'data.image_source': 'tfds', 'data.tfds_data_dir': str(tmp_path),
+                              'data.train_split': 'train', 'data.eval_split': 'validation'})
+  with tfds.testing.mock_data(num_examples=5, policy=tfds.testing.MockPolicy.USE_FILES, data_dir=str(tmp_path)):
+    pipeline.check_source(config.data, need_splits=('train', 'validation'))
+    lowres, highres = pipeline.load_image_split(config.data, 'validation', max_examples=3)
+    src_NxS, tgt_NxT = pipeline.image_tokens(lowres, highres)
+    with pytest.raises(UserError, match="split 'valid'"):
+      pipeline.check_source(config.data, need_splits=('valid',))
+  assert src_NxS.shape == (3, 192) and tgt_NxT.shape == (3, 3072)
+  assert src_NxS.min() >= images.PIXEL_OFFSET and tgt_NxT.max() < images.IMAGE_VOCAB_SIZE
+
+
+def test_fixed_train_batches_depend_on_seed_and_step_only():
+  from bpd.data import batching  # pylint: disable=g-import-not-at-top
+  src = np.arange(5 * 3).reshape(5, 3) + 3
+  tgt = np.arange(5 * 7).reshape(5, 7) + 3
+  a = batching.make_fixed_train_batch_fn(src, tgt, 2, seed=1)
+  b = batching.make_fixed_train_batch_fn(src, tgt, 2, seed=1)
+  assert a.steps_per_epoch == 3
+  seen = set()
+  for step in (0, 1, 2):
+    batch = a(step)
+    assert batch['src_BxS'].shape == (2, 3) and batch['tgt_BxT'].shape == (2, 7)
+    np.testing.assert_array_equal(batch['tgt_BxT'], b(step)['tgt_BxT'])
+    seen |= {int(r[0]) for r in batch['src_BxS']}
+  assert seen == set(src[:, 0].tolist())  # every image once per epoch
+
+
+# -- clear errors, before any compile -------------------------------------------------------------------------
+
+def _expect_error(match, fn, *args):
+  start = time.time()
+  with pytest.raises(UserError, match=match):
+    fn(*args)
+  assert time.time() - start < 10
+
+
+def test_error_missing_image_dir(tmp_path):
+  _expect_error(r'\(config\.data\.dir\) does not exist', train.train_and_evaluate,
+                tiny_config(str(tmp_path / 'nope')), str(tmp_path / 'w'))
+
+
+def test_error_missing_image_split(tmp_path):
+  data = npy_dir(str(tmp_path / 'data'))
+  _expect_error(r"Missing .*valid\.npy.*\['train\.npy', 'train_8x8\.npy', 'val\.npy', 'val_8x8\.npy'\]",
+                train.train_and_evaluate, tiny_config(data, **{'data.eval_split': 'valid'}), str(tmp_path / 'w'))
+
+
+def test_error_bad_image_source_and_decode_length(tmp_path, trained):
+  data, _, heads_dir, _, _ = trained
+  _expect_error(r"image_source='png' is not one of \('npy', 'tfds'\)", train.train_and_evaluate,
+                tiny_config(data, **{'data.image_source': 'png'}), str(tmp_path / 'w'))
+  _expect_error(r'max_len=4000: a 32x32x3 image has 3072 sub-pixels', evaluate.decode_sweep,
+                tiny_config(data, **{'k': 3, 'decode.max_len': 4000}), heads_dir)
+
+
+def test_study_skips_trained_stages_decodes_and_writes_table_and_grid(trained, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from experiments import superres_study  # pylint: disable=g-import-not-at-top
+  data, base_dir, heads_dir, _, _ = trained
+  root = str(tmp_path / 'study')
+  shutil.copytree(base_dir, os.path.join(root, 'base'), ignore=shutil.ignore_patterns('decode*'))
+  shutil.copytree(heads_dir, os.path.join(root, 'frozen'), ignore=shutil.ignore_patterns('decode*'))
+  plan = superres_study.Plan(regimes=('frozen',), ks=(3,), max_examples=2, base_steps=2, head_steps=2)
+  config = tiny_config(data, k=3)
+  superres_study.run_stages(config, root, plan)  # both models are trained to their steps: decode and table only
+  rows = json.load(open(os.path.join(root, 'study.json')))
+  assert {(r['model'], r['k'], r['criterion']) for r in rows} >= {
+      ('base', 1, 'greedy'), ('frozen', 3, 'exact'), ('frozen', 3, 'distance:2')}
+  assert all(r['identical_to_greedy'] == 1.0 for r in rows if r['criterion'] == 'exact')
+  grid = Image.open(os.path.join(root, 'study_val_grid.png'))
+  assert grid.height == 5 * (128 + 2) + 2  # input, ground truth, base greedy, frozen k3 exact and distance:2
+  for name in ('study.md', 'study.csv', 'study_val_b1_frozen.png'):
+    assert os.path.exists(os.path.join(root, name)), name
+  stamp = os.path.getmtime(os.path.join(root, 'frozen', 'decode_val', 'results.json'))
+  superres_study.run_stages(config, root, plan)
+  assert os.path.getmtime(os.path.join(root, 'frozen', 'decode_val', 'results.json')) == stamp
