@@ -71,25 +71,31 @@ def greedy_psnr(decoder, params, lowres_Nx8x8x3, highres_Nx32x32x3, batch_size) 
 
 
 def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, sweep, batch_size, out_dir,
-                 model_k, step):
+                 model_k, step, timing_examples=0, timing_repeats=1):
   """Greedy plus every (k', criterion) of the sweep on one split at one batch size.
 
+  Speed as in translation (evaluate.time_side_by_side): greedy and blockwise alternate on the first
+  `timing_examples` images (0: all), `timing_repeats` times; seconds are medians, speedup their ratio.
   Returns (records, {setting name: uint8 [N, 32, 32, 3] outputs}).
   """
   src_NxS = images.image_to_tokens(lowres_Nx8x8x3)
   n = len(src_NxS)
+  timing_rows = list(src_NxS[:timing_examples] if timing_examples else src_NxS)
+  greedy_fn = lambda src: decoder.greedy(params, src)
 
   def scores(outputs_Nx32x32x3):
     return (float(np.mean(images.psnr(outputs_Nx32x32x3, highres_Nx32x32x3))),
             float(np.mean(images.ssim(outputs_Nx32x32x3, highres_Nx32x32x3))))
 
-  greedy_out, greedy_seconds = _decode_all(lambda src: decoder.greedy(params, src), src_NxS, batch_size,
-                                           f'{split} greedy b{batch_size}')
+  greedy_out, _ = _decode_all(greedy_fn, src_NxS, batch_size, f'{split} greedy b{batch_size}')
+  greedy_seconds = float(np.median([evaluate.run_batches(greedy_fn, timing_rows, batch_size)[1]
+                                    for _ in range(max(timing_repeats, 1))]))
   greedy_tokens_NxL = np.stack([o[0] for o in greedy_out])
   greedy_images = outputs_to_images(greedy_tokens_NxL)
   greedy_tokens_count = int(sum(int(o[1]) for o in greedy_out))
   greedy_psnr_db, greedy_ssim = scores(greedy_images)
   base = {'split': split, 'batch_size': batch_size, 'examples': n, 'step': step, 'model_k': model_k,
+          'timing_examples': len(timing_rows), 'timing_repeats': max(timing_repeats, 1),
           'greedy_seconds': greedy_seconds, 'greedy_quality': greedy_psnr_db, 'quality_metric': 'psnr'}
   records = [{**base, 'k': 1, 'criterion': 'greedy', 'quality': greedy_psnr_db, 'ssim': greedy_ssim,
               'psnr_vs_greedy': float('inf'), 'mean_accepted_block_size': 1.0, 'iterations': greedy_tokens_count,
@@ -101,9 +107,10 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
 
   for k, criterion in sweep:
     name = evaluate.setting_name(k, criterion)
-    outputs, seconds = _decode_all(
-        lambda src, k=k, criterion=criterion: decoder.blockwise(params, src, k=k, criterion=criterion),
-        src_NxS, batch_size, f'{split} {name} b{batch_size}')
+    blockwise_fn = lambda src, k=k, criterion=criterion: decoder.blockwise(params, src, k=k, criterion=criterion)
+    outputs, _ = _decode_all(blockwise_fn, src_NxS, batch_size, f'{split} {name} b{batch_size}')
+    g_seconds, seconds = evaluate.time_side_by_side(greedy_fn, blockwise_fn, timing_rows, batch_size,
+                                                    timing_repeats)
     tokens_NxL = np.stack([o.tokens_BxL for o in outputs])
     out_images = outputs_to_images(tokens_NxL)
     outputs_by_name[name] = out_images
@@ -114,8 +121,8 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
     record = {**base, 'k': k, 'criterion': str(criterion), 'quality': psnr_db, 'ssim': ssim_value,
               'psnr_vs_greedy': pooled_psnr(out_images, greedy_images),
               'mean_accepted_block_size': produced / max(iterations, 1), 'iterations': iterations,
-              'invocations': iterations + n, 'tokens': produced, 'seconds': seconds,
-              'speedup': greedy_seconds / seconds,
+              'invocations': iterations + n, 'tokens': produced, 'greedy_seconds': g_seconds, 'seconds': seconds,
+              'speedup': g_seconds / seconds,
               'identical_to_greedy': float(np.mean(np.all(tokens_NxL == greedy_tokens_NxL, axis=1))),
               'block_size_histogram': [int(c) for c in histogram]}
     records.append(record)
@@ -163,7 +170,8 @@ def decode_sweep(config, workdir: str) -> list[dict]:
     for i, batch_size in enumerate(config.decode.batch_sizes):
       batch_size = sharding.decode_batch_size(batch_size, mesh)
       split_records, outputs_by_name = decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3,
-                                                    sweep, batch_size, out_dir, model_config.k, step)
+                                                    sweep, batch_size, out_dir, model_config.k, step,
+                                                    config.decode.timing_examples, config.decode.timing_repeats)
       records += split_records
       if jax.process_index() == 0:
         report.write(records, out_dir, COLUMNS)  # after every batch size: an interrupted sweep keeps what it measured
