@@ -15,14 +15,13 @@ BPD_PROCESS_ID=I in each process; BPD_COORDINATOR alone switches multi-host on.
 """
 
 import os
-import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from bpd.errors import UserError
+from bpd import errors
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/demo.py.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for checkpoints, logs and results.')
@@ -56,17 +55,8 @@ def main(argv):
   from bpd import distill, evaluate, metrics, train  # pylint: disable=g-import-not-at-top
   metrics.quiet_library_logs()
   config, workdir = _CONFIG.value, _WORKDIR.value
-  try:
-    if _MODE.value == 'train':
-      train.train_and_evaluate(config, workdir)
-    elif _MODE.value == 'distill':
-      distill.distill(config, workdir)
-    else:
-      evaluate.decode_sweep(config, workdir)
-  except UserError as e:
-    logging.flush()
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+  run = {'train': train.train_and_evaluate, 'distill': distill.distill, 'decode': evaluate.decode_sweep}
+  errors.exit_on_user_error(run[_MODE.value], config, workdir)
 
 
 if __name__ == '__main__':

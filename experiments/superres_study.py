@@ -9,7 +9,7 @@ Stages (an interrupted study resumes at the stage it was in; training resumes fr
   2. heads   k-head models from the base, one per regime in --regimes (frozen, finetune)   W/<regime>
   3. decode  every model on every split: greedy, and blockwise for k' in --ks and each criterion (exact,
              distance:2), at each batch size; PSNR/SSIM against the ground truth    W/<model>/decode_<split>
-  4. table   W/study.md, W/study.csv, W/study.json, plots W/study_<split>_b<batch>_<model>.png, and one image
+  4. table   W/study.md, W/study.csv, W/study.json, W/study_paper.md (model x criterion by k), plots W/study_<split>_b<batch>_<model>.png, and one image
              grid W/study_<split>_grid.png: input, ground truth, and greedy and every setting of each model.
 The paper's numbers to compare with (DESIGN §2; k = 10): mean accepted block size 1.10 (frozen, exact),
 1.40 (frozen, distance:2), 2.04 (fine-tuned, exact), 6.79 (fine-tuned, distance:2).
@@ -27,6 +27,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from bpd import checkpoint
+from bpd import errors
 from bpd import evaluate
 from bpd import evaluate_images
 from bpd import metrics
@@ -148,6 +149,12 @@ def write_table(config, root, plan):
           report.plot(subset, os.path.join(root, f'study_{split}_b{batch_size}_{name}.png'),
                       f'{name}: {split}, batch {batch_size}')
     write_grid(config, root, plan, split, batch_size=min(r['batch_size'] for r in rows if r['split'] == split))
+  # Paper-style view (Stern et al. Table 4): rows (model, criterion), columns k; cells PSNR / block / speedup.
+  sections = [f'### {split}, batch size {b}\n\n' + report.paper_table(
+      [r for r in rows if r['split'] == split and r['batch_size'] == b])
+              for split in sorted({r['split'] for r in rows}) for b in sorted({r['batch_size'] for r in rows})]
+  with open(os.path.join(root, 'study_paper.md'), 'w') as f:
+    f.write('\n\n'.join(sections) + '\n')
   print(report.markdown_table(rows, columns))
 
 
@@ -178,7 +185,7 @@ def write_grid(config, root, plan, split, batch_size):
 def main(argv):
   del argv
   metrics.quiet_library_logs()
-  run_stages(_CONFIG.value, _WORKDIR.value, Plan.from_flags())
+  errors.exit_on_user_error(lambda: run_stages(_CONFIG.value, _WORKDIR.value, Plan.from_flags()))
 
 
 if __name__ == '__main__':

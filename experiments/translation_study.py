@@ -29,11 +29,13 @@ from ml_collections import config_flags
 
 from bpd import checkpoint
 from bpd import distill
+from bpd import errors
 from bpd import evaluate
 from bpd import metrics
 from bpd import report
 from bpd import train
 from bpd.data import pipeline
+from bpd.errors import UserError
 from configs import common
 
 _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_ende.py', 'The study config.')
@@ -41,6 +43,8 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/m30k_study', 'Root folder of the
 _STAGES = flags.DEFINE_list('stages', ['base', 'distill', 'heads', 'decode', 'table'], 'Stages to run.')
 _REGIMES = flags.DEFINE_list('grid_regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
 _DATA = flags.DEFINE_list('grid_data', ['original', 'distilled'], 'Training data of the k-head models.')
+_MODELS = flags.DEFINE_list('models', [], 'k-head models as REGIME_DATA (e.g. finetune_distilled,frozen_original); '
+                            'empty: every grid_regimes x grid_data pair.')
 _SPLITS = flags.DEFINE_list('splits', ['test_2016_flickr', 'newstest2013@../shared/data/wmt14'],
                             'Evaluation splits: NAME (in config.data.dir) or NAME@DIR.')
 _KS = flags.DEFINE_list('ks', ['1', '2', '4', '6', '8', '10'], "Heads k' to decode with (<= config.k).")
@@ -82,6 +86,19 @@ class Plan:
   head_learning_rate: float = 0.0
   head_warmup_steps: int = 0
   finetune_head1_weight: float = 1.0
+  models: tuple = ()  # REGIME_DATA names; empty: every regime x data pair
+
+  def head_models(self) -> list[tuple[str, str]]:
+    """(regime, data) of every k-head model of the study, in training order."""
+    if self.models:
+      pairs = [tuple(m.split('_', 1)) for m in self.models]
+      bad = [m for m, p in zip(self.models, pairs) if len(p) != 2 or p[0] not in ('frozen', 'finetune')
+             or p[1] not in ('original', 'distilled')]
+      if bad:
+        raise UserError(f'--models={",".join(bad)}: each model is REGIME_DATA with REGIME frozen|finetune and '
+                        'DATA original|distilled, e.g. --models=finetune_distilled,frozen_original.')
+      return pairs
+    return [(r, d) for r in self.regimes for d in self.data]
 
   @classmethod
   def from_flags(cls):
@@ -91,7 +108,8 @@ class Plan:
                batch1_examples=_BATCH1_EXAMPLES.value, timing_examples=_TIMING_EXAMPLES.value,
                timing_repeats=_TIMING_REPEATS.value, ood=_OOD.value, base_steps=_BASE_STEPS.value,
                head_steps=_HEAD_STEPS.value, head_learning_rate=_HEAD_LR.value,
-               head_warmup_steps=_HEAD_WARMUP.value, finetune_head1_weight=_HEAD1_WEIGHT.value)
+               head_warmup_steps=_HEAD_WARMUP.value, finetune_head1_weight=_HEAD1_WEIGHT.value,
+               models=tuple(_MODELS.value))
 
 
 def _done_training(workdir, steps):
@@ -104,7 +122,7 @@ def _config(base, **fields):
 
 def model_dirs(root, plan):
   return {'base': os.path.join(root, 'base'),
-          **{f'{r}_{d}': os.path.join(root, f'{r}_{d}') for r in plan.regimes for d in plan.data}}
+          **{f'{r}_{d}': os.path.join(root, f'{r}_{d}') for r, d in plan.head_models()}}
 
 
 def run_stages(config, root, plan: Plan):
@@ -116,27 +134,26 @@ def run_stages(config, root, plan: Plan):
   if 'base' in stages and not _done_training(base_dir, base_cfg.train.num_steps):
     logging.info('Stage base -> %s', base_dir)
     train.train_and_evaluate(base_cfg, base_dir)
-  if 'distill' in stages and 'distilled' in plan.data and not os.path.exists(
+  if 'distill' in stages and any(d == 'distilled' for _, d in plan.head_models()) and not os.path.exists(
       os.path.join(base_dir, pipeline.DISTILL_DIR, f'train.{config.data.tgt_lang}')):
     logging.info('Stage distill -> %s', os.path.join(base_dir, pipeline.DISTILL_DIR))
     distill.distill(base_cfg, base_dir)
   if 'heads' in stages:
-    for regime in plan.regimes:
-      for data in plan.data:
-        workdir = os.path.join(root, f'{regime}_{data}')
-        cfg = _config(config, **{'train.regime': regime, 'train.init_from': base_dir,
-                                 'data.distilled_from': base_dir if data == 'distilled' else ''})
-        if plan.head_steps:
-          cfg.train.num_steps = plan.head_steps
-        if plan.head_learning_rate:
-          cfg.train.learning_rate = plan.head_learning_rate
-        if plan.head_warmup_steps:
-          cfg.train.warmup_steps = plan.head_warmup_steps
-        if regime == 'finetune':
-          cfg.train.head1_weight = plan.finetune_head1_weight
-        if not _done_training(workdir, cfg.train.num_steps):
-          logging.info('Stage heads: %s on %s data -> %s', regime, data, workdir)
-          train.train_and_evaluate(cfg, workdir)
+    for regime, data in plan.head_models():
+      workdir = os.path.join(root, f'{regime}_{data}')
+      cfg = _config(config, **{'train.regime': regime, 'train.init_from': base_dir,
+                               'data.distilled_from': base_dir if data == 'distilled' else ''})
+      if plan.head_steps:
+        cfg.train.num_steps = plan.head_steps
+      if plan.head_learning_rate:
+        cfg.train.learning_rate = plan.head_learning_rate
+      if plan.head_warmup_steps:
+        cfg.train.warmup_steps = plan.head_warmup_steps
+      if regime == 'finetune':
+        cfg.train.head1_weight = plan.finetune_head1_weight
+      if not _done_training(workdir, cfg.train.num_steps):
+        logging.info('Stage heads: %s on %s data -> %s', regime, data, workdir)
+        train.train_and_evaluate(cfg, workdir)
   if 'decode' in stages:
     for name, workdir in model_dirs(root, plan).items():
       for split in plan.splits:
@@ -226,7 +243,7 @@ def write_table(root, plan):
 def main(argv):
   del argv
   metrics.quiet_library_logs()
-  run_stages(_CONFIG.value, _WORKDIR.value, Plan.from_flags())
+  errors.exit_on_user_error(lambda: run_stages(_CONFIG.value, _WORKDIR.value, Plan.from_flags()))
 
 
 if __name__ == '__main__':

@@ -9,7 +9,7 @@ from tests.test_pipeline import tiny_config
 
 def test_study_runs_every_stage_and_resumes(tmp_path):
   config = tiny_config(**{'k': 3, 'data.synthetic_train_size': 48, 'train.num_steps': 4})
-  plan = translation_study.Plan(regimes=('finetune',), data=('distilled',), splits=('test',), ks=(1, 2, 3),
+  plan = translation_study.Plan(models=('finetune_distilled',), splits=('test',), ks=(1, 2, 3),
                                 criteria=('exact', 'top_k:2'), batch_sizes=(1, 8), max_examples=8,
                                 batch1_examples=3, timing_examples=4, timing_repeats=2, finetune_head1_weight=3.0)
   root = str(tmp_path)

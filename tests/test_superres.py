@@ -198,7 +198,7 @@ def test_study_skips_trained_stages_decodes_and_writes_table_and_grid(trained, t
   assert all(r['identical_to_greedy'] == 1.0 for r in rows if r['criterion'] == 'exact')
   grid = Image.open(os.path.join(root, 'study_val_grid.png'))
   assert grid.height == 5 * (128 + 2) + 2  # input, ground truth, base greedy, frozen k3 exact and distance:2
-  for name in ('study.md', 'study.csv', 'study_val_b1_frozen.png'):
+  for name in ('study.md', 'study.csv', 'study_paper.md', 'study_val_b1_frozen.png'):
     assert os.path.exists(os.path.join(root, name)), name
   stamp = os.path.getmtime(os.path.join(root, 'frozen', 'decode_val', 'results.json'))
   superres_study.run_stages(config, root, plan)
