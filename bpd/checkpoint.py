@@ -34,7 +34,8 @@ def _absolute(path: str) -> str:
 
 
 def manager(workdir: str, keep: int = 3) -> ocp.CheckpointManager:
-  return ocp.CheckpointManager(_absolute(os.path.join(workdir, CHECKPOINT_DIR)), options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+  return ocp.CheckpointManager(_absolute(os.path.join(workdir, CHECKPOINT_DIR)),
+                               options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: dict) -> None:

@@ -2,7 +2,8 @@
 
 Anything a user can fix (a flag, a file, a config field) raises `UserError` with a message that names the
 offending flag or file and says how to fix it. The entry points (`bpd.main`, the study scripts) print the message
-alone through `exit_on_user_error` (no traceback) and exit with status 2. Raise it before compiling or training, so that nothing already written is touched.
+alone through `exit_on_user_error` (no traceback) and exit with status 2. Raise it before compiling or
+training, so that nothing already written is touched.
 """
 
 import sys

@@ -13,7 +13,8 @@ stop an image early.
 Records (results.json) have the keys of translation's (bpd/evaluate.py `decode_split`), with
   quality          mean per-image PSNR in dB against the ground-truth 32x32 image (quality_metric 'psnr');
   ssim             mean per-image SSIM against the ground truth;
-  psnr_vs_greedy   PSNR of all outputs against greedy's (the MSE pooled over the split): inf when identical.
+  psnr_vs_greedy   PSNR of all outputs against greedy's (the MSE pooled over the split): inf when identical;
+  distinct_intensities  mean number of distinct values per output image: a collapse detector (see decode_split).
 Also {split}.{setting}.b{batch}.npy (uint8 [N, 32, 32, 3], the outputs in source order) and, per split,
 {split}.grid.png: one row per setting (labelled: input 8x8 enlarged by nearest neighbour, greedy, each
 blockwise setting, ground truth), one column per example (the first config.decode.grid_examples, default 8).
@@ -39,7 +40,8 @@ NO_EOS = -1  # no token id equals it: image decoding never stops early
 TARGET_LEN = images.HIGHRES * images.HIGHRES * 3  # 3072 sub-pixels
 GRID_EXAMPLES = 8
 # results.md: translation's columns (quality = PSNR) plus these.
-COLUMNS = report.COLUMNS + [('ssim', 'SSIM', '{:.3f}'), ('psnr_vs_greedy', 'PSNR vs greedy', '{:.2f}')]
+COLUMNS = report.COLUMNS + [('ssim', 'SSIM', '{:.3f}'), ('psnr_vs_greedy', 'PSNR vs greedy', '{:.2f}'),
+                            ('distinct_intensities', 'distinct intensities', '{:.0f}')]
 
 
 def outputs_to_images(tokens_NxL) -> np.ndarray:
@@ -83,6 +85,11 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
   timing_rows = list(src_NxS[:timing_examples] if timing_examples else src_NxS)
   greedy_fn = lambda src: decoder.greedy(params, src)
 
+  def distinct(outputs_Nx32x32x3):
+    # Mean number of distinct intensities per image (ground truth: ~200). An undertrained model's greedy output
+    # collapses into repeating one value (a handful here), and its long accepted blocks then mean nothing.
+    return float(np.mean([len(np.unique(o)) for o in outputs_Nx32x32x3]))
+
   def scores(outputs_Nx32x32x3):
     return (float(np.mean(images.psnr(outputs_Nx32x32x3, highres_Nx32x32x3))),
             float(np.mean(images.ssim(outputs_Nx32x32x3, highres_Nx32x32x3))))
@@ -98,6 +105,7 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
           'timing_examples': len(timing_rows), 'timing_repeats': max(timing_repeats, 1),
           'greedy_seconds': greedy_seconds, 'greedy_quality': greedy_psnr_db, 'quality_metric': 'psnr'}
   records = [{**base, 'k': 1, 'criterion': 'greedy', 'quality': greedy_psnr_db, 'ssim': greedy_ssim,
+              'distinct_intensities': distinct(greedy_images),
               'psnr_vs_greedy': float('inf'), 'mean_accepted_block_size': 1.0, 'iterations': greedy_tokens_count,
               'invocations': greedy_tokens_count, 'tokens': greedy_tokens_count, 'seconds': greedy_seconds,
               'speedup': 1.0, 'identical_to_greedy': 1.0}]
@@ -119,6 +127,7 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
     iterations = int(sum(int(o.iterations_B) for o in outputs))
     histogram = np.sum([np.asarray(o.block_counts_BxK) for o in outputs], axis=0)
     record = {**base, 'k': k, 'criterion': str(criterion), 'quality': psnr_db, 'ssim': ssim_value,
+              'distinct_intensities': distinct(out_images),
               'psnr_vs_greedy': pooled_psnr(out_images, greedy_images),
               'mean_accepted_block_size': produced / max(iterations, 1), 'iterations': iterations,
               'invocations': iterations + n, 'tokens': produced, 'greedy_seconds': g_seconds, 'seconds': seconds,

@@ -9,7 +9,8 @@ Stages (an interrupted study resumes at the stage it was in; training resumes fr
   2. heads   k-head models from the base, one per regime in --regimes (frozen, finetune)   W/<regime>
   3. decode  every model on every split: greedy, and blockwise for k' in --ks and each criterion (exact,
              distance:2), at each batch size; PSNR/SSIM against the ground truth    W/<model>/decode_<split>
-  4. table   W/study.md, W/study.csv, W/study.json, W/study_paper.md (model x criterion by k), plots W/study_<split>_b<batch>_<model>.png, and one image
+  4. table   W/study.md, W/study.csv, W/study.json, W/study_paper.md (model x criterion by k), plots
+             W/study_<split>_b<batch>_<model>.png, and one image
              grid W/study_<split>_grid.png: input, ground truth, and greedy and every setting of each model.
 The paper's numbers to compare with (DESIGN §2; k = 10): mean accepted block size 1.10 (frozen, exact),
 1.40 (frozen, distance:2), 2.04 (fine-tuned, exact), 6.79 (fine-tuned, distance:2).

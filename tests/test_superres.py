@@ -99,11 +99,12 @@ def test_image_decode_sweep_writes_psnr_records_and_grid(trained):
   assert {(r['k'], r['criterion']) for r in records} == {(1, 'greedy'), (3, 'exact'), (3, 'distance:2')}
   for r in records:
     assert r['quality_metric'] == 'psnr' and r['examples'] == 2
-    for key in ('quality', 'ssim', 'psnr_vs_greedy', 'greedy_quality', 'mean_accepted_block_size', 'iterations',
-                'invocations', 'tokens', 'seconds', 'greedy_seconds', 'speedup', 'identical_to_greedy'):
+    for key in ('quality', 'ssim', 'psnr_vs_greedy', 'distinct_intensities', 'greedy_quality',
+                'mean_accepted_block_size', 'iterations', 'invocations', 'tokens', 'seconds', 'greedy_seconds',
+                'speedup', 'identical_to_greedy'):
       assert key in r, key
     assert r['tokens'] == 2 * DECODE_LEN  # no EOS: every image runs to max_len
-    assert 1.0 <= r['mean_accepted_block_size'] <= r['k']
+    assert 1.0 <= r['mean_accepted_block_size'] <= r['k'] and 1 <= r['distinct_intensities'] <= 256
     if r['criterion'] in ('greedy', 'exact'):
       assert r['identical_to_greedy'] == 1.0
       assert r['quality'] == records[0]['quality'] and r['psnr_vs_greedy'] == float('inf')
