@@ -235,8 +235,12 @@ def write_table(root, plan):
         report.plot_models([r for r in subset if r['criterion'] == 'exact'],
                            os.path.join(root, f'study_{split}_b{batch_size}_{key}.png'), key,
                            f'exact acceptance: {split}, batch {batch_size}')
+  model_ks = sorted({r['model_k'] for r in rows if r['model'] != 'base'})
+  note = (f'Each k-head model was trained once with k = {"/".join(map(str, model_ks))} heads; a column k\' < k decodes '
+          f'with its first k\' heads (exactly a k\'-head model with this multi-output layer), not a separately '
+          'trained model.')
   with open(os.path.join(root, 'study_paper.md'), 'w') as f:
-    f.write('\n\n'.join(sections) + '\n')
+    f.write(note + '\n\n' + '\n\n'.join(sections) + '\n')
   print(report.markdown_table(rows, columns))
 
 
