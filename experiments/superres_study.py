@@ -38,17 +38,20 @@ from bpd.data import images
 from bpd.data import pipeline
 from configs import common
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/celeba_sr.py:cpu', 'The study config.')
-_WORKDIR = flags.DEFINE_string('workdir', 'runs/sr_study', 'Root folder of the study.')
-_STAGES = flags.DEFINE_list('stages', ['base', 'heads', 'decode', 'table'], 'Stages to run.')
-_REGIMES = flags.DEFINE_list('regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
-_SPLITS = flags.DEFINE_list('splits', ['val'], 'Evaluation splits (config.data.dir/<split>.npy, or TFDS).')
-_KS = flags.DEFINE_list('ks', ['2', '4', '10'], "Heads k' to decode with (<= config.k).")
-_CRITERIA = flags.DEFINE_list('criteria', ['exact', 'distance:2'], 'Acceptance criteria.')
-_BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1'], 'Decode batch sizes.')
-_MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 32, 'Decode at most this many images per split (0: all).')
-_BASE_STEPS = flags.DEFINE_integer('base_steps', 0, 'Override config.train.num_steps for the base (0: keep).')
-_HEAD_STEPS = flags.DEFINE_integer('head_steps', 0, 'Override config.train.num_steps for k-head models.')
+# Flags exist only when this file runs as a script: importing it (tests, another study script) defines none,
+# so two study scripts can be imported together.
+if __name__ == '__main__':
+  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/celeba_sr.py:cpu', 'The study config.')
+  _WORKDIR = flags.DEFINE_string('workdir', 'runs/sr_study', 'Root folder of the study.')
+  _STAGES = flags.DEFINE_list('stages', ['base', 'heads', 'decode', 'table'], 'Stages to run.')
+  _REGIMES = flags.DEFINE_list('regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
+  _SPLITS = flags.DEFINE_list('splits', ['val'], 'Evaluation splits (config.data.dir/<split>.npy, or TFDS).')
+  _KS = flags.DEFINE_list('ks', ['2', '4', '10'], "Heads k' to decode with (<= config.k).")
+  _CRITERIA = flags.DEFINE_list('criteria', ['exact', 'distance:2'], 'Acceptance criteria.')
+  _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1'], 'Decode batch sizes.')
+  _MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 32, 'Decode at most this many images per split (0: all).')
+  _BASE_STEPS = flags.DEFINE_integer('base_steps', 0, 'Override config.train.num_steps for the base (0: keep).')
+  _HEAD_STEPS = flags.DEFINE_integer('head_steps', 0, 'Override config.train.num_steps for k-head models.')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,32 +38,35 @@ from bpd.data import pipeline
 from bpd.errors import UserError
 from configs import common
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_ende.py', 'The study config.')
-_WORKDIR = flags.DEFINE_string('workdir', 'runs/m30k_study', 'Root folder of the study.')
-_STAGES = flags.DEFINE_list('stages', ['base', 'distill', 'heads', 'decode', 'table'], 'Stages to run.')
-_REGIMES = flags.DEFINE_list('grid_regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
-_DATA = flags.DEFINE_list('grid_data', ['original', 'distilled'], 'Training data of the k-head models.')
-_MODELS = flags.DEFINE_list('models', [], 'k-head models as REGIME_DATA (e.g. finetune_distilled,frozen_original); '
-                            'empty: every grid_regimes x grid_data pair.')
-_SPLITS = flags.DEFINE_list('splits', ['test_2016_flickr', 'newstest2013@../shared/data/wmt14'],
-                            'Evaluation splits: NAME (in config.data.dir) or NAME@DIR.')
-_KS = flags.DEFINE_list('ks', ['1', '2', '4', '6', '8', '10'], "Heads k' to decode with (<= config.k).")
-_CRITERIA = flags.DEFINE_list('criteria', ['exact', 'top_k:2', 'min_block:2', 'min_block:3'], 'Criteria.')
-_BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '32'], 'Decode batch sizes.')
-_MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 0, 'Decode at most this many examples per split (0: all).')
-_BATCH1_EXAMPLES = flags.DEFINE_integer(
-    'batch1_examples', 200, 'Batch size 1 decodes only the first N examples (0: all): batch-1 rows measure '
-    'latency; quality on the whole split comes from the larger batch sizes.')
-_TIMING_EXAMPLES = flags.DEFINE_integer('timing_examples', 256, 'Time greedy vs blockwise on the first N (0: all).')
-_TIMING_REPEATS = flags.DEFINE_integer('timing_repeats', 3, 'Alternating greedy/blockwise timing runs (medians).')
-_OOD = flags.DEFINE_string('ood', 'examples=500,max_len=128,criteria=exact',
-                           'Out-of-domain splits (NAME@DIR): examples, longest output and criteria (+-joined).')
-_BASE_STEPS = flags.DEFINE_integer('base_steps', 0, 'Override config.train.num_steps for the base (0: keep).')
-_HEAD_STEPS = flags.DEFINE_integer('head_steps', 0, 'Override config.train.num_steps for k-head models.')
-_HEAD_LR = flags.DEFINE_float('head_learning_rate', 0.0, 'Peak learning rate of k-head models (0: the config).')
-_HEAD_WARMUP = flags.DEFINE_integer('head_warmup_steps', 0, 'Warmup of k-head models (0: the config).')
-_HEAD1_WEIGHT = flags.DEFINE_float('finetune_head1_weight', 1.0,
-                                   'config.train.head1_weight of fine-tuned models (1: the paper\'s plain mean).')
+# Flags exist only when this file runs as a script: importing it (tests, another study script) defines none,
+# so two study scripts can be imported together.
+if __name__ == '__main__':
+  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_ende.py', 'The study config.')
+  _WORKDIR = flags.DEFINE_string('workdir', 'runs/m30k_study', 'Root folder of the study.')
+  _STAGES = flags.DEFINE_list('stages', ['base', 'distill', 'heads', 'decode', 'table'], 'Stages to run.')
+  _REGIMES = flags.DEFINE_list('grid_regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
+  _DATA = flags.DEFINE_list('grid_data', ['original', 'distilled'], 'Training data of the k-head models.')
+  _MODELS = flags.DEFINE_list('models', [], 'k-head models as REGIME_DATA (e.g. finetune_distilled,frozen_original); '
+                              'empty: every grid_regimes x grid_data pair.')
+  _SPLITS = flags.DEFINE_list('splits', ['test_2016_flickr', 'newstest2013@../shared/data/wmt14'],
+                              'Evaluation splits: NAME (in config.data.dir) or NAME@DIR.')
+  _KS = flags.DEFINE_list('ks', ['1', '2', '4', '6', '8', '10'], "Heads k' to decode with (<= config.k).")
+  _CRITERIA = flags.DEFINE_list('criteria', ['exact', 'top_k:2', 'min_block:2', 'min_block:3'], 'Criteria.')
+  _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '32'], 'Decode batch sizes.')
+  _MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 0, 'Decode at most this many examples per split (0: all).')
+  _BATCH1_EXAMPLES = flags.DEFINE_integer(
+      'batch1_examples', 200, 'Batch size 1 decodes only the first N examples (0: all): batch-1 rows measure '
+      'latency; quality on the whole split comes from the larger batch sizes.')
+  _TIMING_EXAMPLES = flags.DEFINE_integer('timing_examples', 256, 'Time greedy vs blockwise on the first N (0: all).')
+  _TIMING_REPEATS = flags.DEFINE_integer('timing_repeats', 3, 'Alternating greedy/blockwise timing runs (medians).')
+  _OOD = flags.DEFINE_string('ood', 'examples=500,max_len=128,criteria=exact',
+                             'Out-of-domain splits (NAME@DIR): examples, longest output and criteria (+-joined).')
+  _BASE_STEPS = flags.DEFINE_integer('base_steps', 0, 'Override config.train.num_steps for the base (0: keep).')
+  _HEAD_STEPS = flags.DEFINE_integer('head_steps', 0, 'Override config.train.num_steps for k-head models.')
+  _HEAD_LR = flags.DEFINE_float('head_learning_rate', 0.0, 'Peak learning rate of k-head models (0: the config).')
+  _HEAD_WARMUP = flags.DEFINE_integer('head_warmup_steps', 0, 'Warmup of k-head models (0: the config).')
+  _HEAD1_WEIGHT = flags.DEFINE_float('finetune_head1_weight', 1.0,
+                                     'config.train.head1_weight of fine-tuned models (1: the paper\'s plain mean).')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +129,7 @@ def model_dirs(root, plan):
 
 
 def run_stages(config, root, plan: Plan):
+  plan.head_models()  # a bad --models fails here, before anything trains
   base_dir = os.path.join(root, 'base')
   base_cfg = _config(config, **{'train.regime': 'base', 'train.init_from': '', 'data.distilled_from': ''})
   if plan.base_steps:
