@@ -1,6 +1,7 @@
 """Tables and plots of decode sweeps: results.json, results.md (paper style) and PNG plots against k."""
 
 import collections
+import csv
 import json
 import os
 
@@ -108,4 +109,34 @@ def plot_models(records, path, key='mean_accepted_block_size', title=''):
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def write_study(rows, root: str, columns, preface: str = '') -> None:
+  """The files of a study (experiments/*_study.py) from the records of all its models (each with 'model').
+
+  root/study.md (every row, `columns`), study.json, study.csv, study_paper.md (`preface`, then one paper_table per
+  split and batch size) and study_<split>_b<batch>_<model>.png (one plot per k-head model).
+  """
+  with open(os.path.join(root, 'study.md'), 'w') as f:
+    f.write(markdown_table(rows, columns) + '\n')
+  with open(os.path.join(root, 'study.json'), 'w') as f:
+    json.dump(rows, f, indent=1)
+  with open(os.path.join(root, 'study.csv'), 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+    writer.writeheader()
+    writer.writerows(rows)
+  sections = []
+  for split in sorted({r['split'] for r in rows}):
+    for batch_size in sorted({r['batch_size'] for r in rows}):
+      subset = [r for r in rows if r['split'] == split and r['batch_size'] == batch_size]
+      if not subset:
+        continue
+      examples = sorted({r['examples'] for r in subset})
+      sections.append(f'### {split}, batch size {batch_size} ({"/".join(map(str, examples))} examples)\n\n'
+                      + paper_table(subset))
+      for name in sorted({r['model'] for r in subset if r['model'] != 'base'}):
+        plot([r for r in subset if r['model'] == name], os.path.join(root, f'study_{split}_b{batch_size}_{name}.png'),
+             f'{name}: {split}, batch {batch_size}')
+  with open(os.path.join(root, 'study_paper.md'), 'w') as f:
+    f.write((preface + '\n\n' if preface else '') + '\n\n'.join(sections) + '\n')
 

@@ -16,7 +16,6 @@ The paper's numbers to compare with (DESIGN §2; k = 10): mean accepted block si
 1.40 (frozen, distance:2), 2.04 (fine-tuned, exact), 6.79 (fine-tuned, distance:2).
 """
 
-import csv
 import dataclasses
 import json
 import os
@@ -137,28 +136,9 @@ def write_table(config, root, plan):
     logging.warning('No decode results under %s yet.', root)
     return
   columns = [('model', 'model', '{}')] + evaluate_images.COLUMNS
-  with open(os.path.join(root, 'study.md'), 'w') as f:
-    f.write(report.markdown_table(rows, columns) + '\n')
-  with open(os.path.join(root, 'study.json'), 'w') as f:
-    json.dump(rows, f, indent=1)
-  with open(os.path.join(root, 'study.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
-    writer.writeheader()
-    writer.writerows(rows)
+  report.write_study(rows, root, columns)  # the paper-style view is Stern et al. Table 4's layout
   for split in sorted({r['split'] for r in rows}):
-    for batch_size in sorted({r['batch_size'] for r in rows}):
-      for name in sorted({r['model'] for r in rows if r['model'] != 'base'}):
-        subset = [r for r in rows if r['split'] == split and r['batch_size'] == batch_size and r['model'] == name]
-        if subset:
-          report.plot(subset, os.path.join(root, f'study_{split}_b{batch_size}_{name}.png'),
-                      f'{name}: {split}, batch {batch_size}')
     write_grid(config, root, plan, split, batch_size=min(r['batch_size'] for r in rows if r['split'] == split))
-  # Paper-style view (Stern et al. Table 4): rows (model, criterion), columns k; cells PSNR / block / speedup.
-  sections = [f'### {split}, batch size {b}\n\n' + report.paper_table(
-      [r for r in rows if r['split'] == split and r['batch_size'] == b])
-              for split in sorted({r['split'] for r in rows}) for b in sorted({r['batch_size'] for r in rows})]
-  with open(os.path.join(root, 'study_paper.md'), 'w') as f:
-    f.write('\n\n'.join(sections) + '\n')
   print(report.markdown_table(rows, columns))
 
 

@@ -17,7 +17,6 @@ Evaluation splits come as NAME or NAME@DIR (a split of parallel text in another 
 newstest2013@../shared/data/wmt14).
 """
 
-import csv
 import dataclasses
 import json
 import os
@@ -212,39 +211,18 @@ def write_table(root, plan):
     logging.warning('No decode results under %s yet.', root)
     return
   columns = [('model', 'model', '{}')] + report.COLUMNS[:2] + [('examples', 'examples', '{}')] + report.COLUMNS[2:]
-  with open(os.path.join(root, 'study.md'), 'w') as f:
-    f.write(report.markdown_table(rows, columns) + '\n')
-  with open(os.path.join(root, 'study.json'), 'w') as f:
-    json.dump(rows, f, indent=1)
-  with open(os.path.join(root, 'study.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
-    writer.writeheader()
-    writer.writerows(rows)
-  for split in sorted({r['split'] for r in rows}):
-    for batch_size in sorted({r['batch_size'] for r in rows}):
-      for name in sorted({r['model'] for r in rows if r['model'] != 'base'}):
-        subset = [r for r in rows if r['split'] == split and r['batch_size'] == batch_size and r['model'] == name]
-        if subset:
-          report.plot(subset, os.path.join(root, f'study_{split}_b{batch_size}_{name}.png'),
-                      f'{name}: {split}, batch {batch_size}')
-  # Paper-style views: per split and batch size, rows (model, criterion) by columns k; and acceptance plots.
-  sections = []
-  for split in sorted({r['split'] for r in rows}):
-    for batch_size in sorted({r['batch_size'] for r in rows}):
-      subset = [r for r in rows if r['split'] == split and r['batch_size'] == batch_size]
-      examples = sorted({r['examples'] for r in subset})
-      sections.append(f'### {split}, batch size {batch_size} ({"/".join(map(str, examples))} examples)\n\n'
-                      + report.paper_table(subset))
-      for key in ('mean_accepted_block_size', 'speedup'):
-        report.plot_models([r for r in subset if r['criterion'] == 'exact'],
-                           os.path.join(root, f'study_{split}_b{batch_size}_{key}.png'), key,
-                           f'exact acceptance: {split}, batch {batch_size}')
   model_ks = sorted({r['model_k'] for r in rows if r['model'] != 'base'})
   note = (f'Each k-head model was trained once with k = {"/".join(map(str, model_ks))} heads; a column k\' < k decodes '
           f'with its first k\' heads (exactly a k\'-head model with this multi-output layer), not a separately '
           'trained model.')
-  with open(os.path.join(root, 'study_paper.md'), 'w') as f:
-    f.write(note + '\n\n' + '\n\n'.join(sections) + '\n')
+  report.write_study(rows, root, columns, preface=note)
+  # Across models: how the training choices move acceptance and speedup (exact criterion).
+  for split in sorted({r['split'] for r in rows}):
+    for batch_size in sorted({r['batch_size'] for r in rows}):
+      exact = [r for r in rows if r['split'] == split and r['batch_size'] == batch_size and r['criterion'] == 'exact']
+      for key in ('mean_accepted_block_size', 'speedup'):
+        report.plot_models(exact, os.path.join(root, f'study_{split}_b{batch_size}_{key}.png'), key,
+                           f'exact acceptance: {split}, batch {batch_size}')
   print(report.markdown_table(rows, columns))
 
 
