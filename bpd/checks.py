@@ -72,7 +72,7 @@ def check_init_from(model_config: model_lib.ModelConfig, init_from: str, workdir
     return
   base = checkpoint.read_model_config(init_from, 'config.train.init_from')
   fields = ('vocab_size', 'd_model', 'num_heads', 'num_encoder_layers', 'num_decoder_layers', 'd_ff',
-            'attention_block')
+            'attention_block', 'image_side', 'image_input_side')
   diffs = [f'{f}: {getattr(base, f)} there, {getattr(model_config, f)} here' for f in fields
            if getattr(base, f) != getattr(model_config, f)]
   mine = os.path.join(workdir, tokenizer_lib.MODEL_NAME)
@@ -83,6 +83,18 @@ def check_init_from(model_config: model_lib.ModelConfig, init_from: str, workdir
     raise UserError(f'config.train.init_from={init_from!r} holds a model of a different size or vocabulary ('
                     + '; '.join(diffs) + '). Use the same config.model.size and tokenizer as the base run, or '
                     'point init_from at a matching base model.')
+
+
+MATMUL_PRECISIONS = ('', 'default', 'high', 'highest')  # jax.default_matmul_precision's names
+
+
+def check_matmul_precision(config) -> str:
+  """config.decode.matmul_precision, checked."""
+  precision = config.decode.get('matmul_precision', '')
+  if precision not in MATMUL_PRECISIONS:
+    raise UserError(f'config.decode.matmul_precision={precision!r}: choose one of {MATMUL_PRECISIONS} '
+                    "('' keeps the backend's default; 'highest' is full float32).")
+  return precision
 
 
 def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding.Criterion]]:
@@ -103,6 +115,8 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
   if dc.get('timing_repeats', 1) < 1 or dc.get('timing_examples', 0) < 0:
     raise UserError(f'config.decode.timing_repeats={dc.timing_repeats} must be >= 1 and '
                     f'config.decode.timing_examples={dc.timing_examples} >= 0 (0 = time every example).')
+  if dc.get('batch1_examples', 0) < 0:
+    raise UserError(f'config.decode.batch1_examples={dc.batch1_examples} must be >= 0 (0 = every example).')
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
   check_workdir(workdir)
   # min_block:l only makes sense where l <= k'; those pairs are left out of the sweep (and logged).

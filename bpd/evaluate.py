@@ -235,6 +235,17 @@ def write_lines(path, lines):
 
 def decode_sweep(config, workdir: str) -> list[dict]:
   """The `--mode=decode` sweep over the newest checkpoint in `workdir`; writes {workdir}/decode/*."""
+  precision = checks.check_matmul_precision(config)
+  if not precision:
+    return _decode_sweep(config, workdir)
+  # On GPUs and TPUs the default float32 matmul may round through TF32 / bfloat16 passes; results then depend
+  # on the shapes of the call (batch size, tokens per call) by more than float32 rounding, argmax near-ties flip,
+  # and `exact` rows stop matching greedy (README, Super-resolution). 'highest' asks for full float32.
+  with jax.default_matmul_precision(precision):
+    return _decode_sweep(config, workdir)
+
+
+def _decode_sweep(config, workdir: str) -> list[dict]:
   if config.data.source == 'images':  # super-resolution: PSNR/SSIM and image grids (bpd/evaluate_images.py)
     from bpd import evaluate_images  # pylint: disable=g-import-not-at-top  (it imports this module)
     return evaluate_images.decode_sweep(config, workdir)

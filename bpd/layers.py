@@ -26,7 +26,7 @@ NEG_INF = -1e9  # Masked attention logits; finite so that a fully masked row giv
 
 
 def sinusoidal_positions(positions_BxT: jax.Array, d_model: int) -> jax.Array:
-  """Sinusoidal position encodings (Vaswani et al. 2017, §3.5) at arbitrary integer positions.
+  """Sinusoidal position encodings (Vaswani et al. 2017, §3.5) at arbitrary (integer or fractional) positions.
 
   Computed from the positions rather than looked up in a table so that every row can sit at a different
   position and the cache length (max_len + k) is not bounded by a table size.
@@ -39,6 +39,24 @@ def sinusoidal_positions(positions_BxT: jax.Array, d_model: int) -> jax.Array:
   if d_model % 2:
     enc = jnp.pad(enc, [(0, 0)] * (enc.ndim - 1) + [(0, 1)])
   return enc
+
+
+def image_positions(positions_BxT: jax.Array, side: int, scale: int, d_model: int) -> jax.Array:
+  """2D position encodings of sub-pixels of a side x side x 3 image in raster order (R, G, B per pixel).
+
+  Position p is pixel (row, col) = divmod(p // 3, side), channel p % 3. As in the Image Transformer (Parmar et
+  al. 2018, §3.2), the first d/2 dimensions encode the row and the other d/2 the column and channel, as
+  col * 3 + channel. `scale` is this image's pixel size in units of the output image's pixels (4 for the 8x8
+  input of a 32x32 output, 1 for the output): coordinates are pixel centres in output units, so the input and
+  output share one coordinate system. Returns [B, T, D] float32.
+  """
+  pixel_BxT, channel_BxT = positions_BxT // 3, positions_BxT % 3
+  centre = (scale - 1) / 2
+  row_BxT = (pixel_BxT // side) * scale + centre
+  col_channel_BxT = ((pixel_BxT % side) * scale + centre) * 3 + channel_BxT
+  half = d_model // 2
+  return jnp.concatenate([sinusoidal_positions(row_BxT, half),
+                          sinusoidal_positions(col_channel_BxT, d_model - half)], axis=-1)
 
 
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype) -> jax.Array:

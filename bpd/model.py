@@ -25,13 +25,16 @@ from bpd import layers
 from bpd.errors import UserError
 
 # Model sizes. base and big as in Vaswani et al. 2017 (Table 3); small and tiny for CPU runs and tests.
-# image_*: CPU sizes for 8x8 -> 32x32 super-resolution (3072-token targets, 192-token sources): a deeper
-# decoder than encoder, as the decoder does the work; pair them with attention_block (e.g. 256).
+# image_tiny / image_small: CPU sizes for 8x8 -> 32x32 super-resolution (3072-token targets, 192-token sources):
+# a deeper decoder than encoder, as the decoder does the work; pair them with attention_block (e.g. 256).
 SIZES = {
     'tiny': dict(d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=256),
     'small': dict(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3, d_ff=1024),
     'image_tiny': dict(d_model=64, num_heads=4, num_encoder_layers=1, num_decoder_layers=2, d_ff=256),
     'image_small': dict(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=3, d_ff=512),
+    # One accelerator, minutes of training (configs/celeba_sr.py:gpu): wide but shallow, since decoding
+    # 3072 sub-pixels one step at a time costs per layer, not per unit of width.
+    'image_medium': dict(d_model=256, num_heads=4, num_encoder_layers=2, num_decoder_layers=4, d_ff=1024),
     'base': dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6, d_ff=2048),
     'big': dict(d_model=1024, num_heads=16, num_encoder_layers=6, num_decoder_layers=6, d_ff=4096,
                 dropout_rate=0.3),
@@ -54,6 +57,10 @@ class ModelConfig:
   # Decoder self-attention: 0 = full causal; W > 0 = local 1D block attention (Image Transformer, Parmar et al.
   # 2018, §3.2), each position sees its own block of W positions and the previous one. Adds no parameters.
   attention_block: int = 0
+  # Images (super-resolution): side of the square target image (0 = text: 1D sequence positions) and of the
+  # input image. With image_side > 0, positions are encoded as 2D coordinates (see layers.image_positions).
+  image_side: int = 0
+  image_input_side: int = 0
 
 
 def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelConfig:
@@ -62,6 +69,8 @@ def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelCo
     raise UserError(f'Unknown model size {size!r}: choose one of {sorted(SIZES)} (config.model.size).')
   if k < 1:
     raise UserError(f'k={k}: the number of heads must be >= 1 (config.k).')
+  if bool(overrides.get('image_side', 0)) != bool(overrides.get('image_input_side', 0)):
+    raise UserError('image_side and image_input_side are set together (both 0 for text).')
   if overrides.get('attention_block', 0) < 0:
     raise UserError(f'attention_block={overrides["attention_block"]}: use 0 (full causal self-attention) or a '
                     'block size W > 0 (local attention) (config.model.attention_block).')
@@ -91,9 +100,18 @@ class Transformer(nn.Module):
 
   # -- pieces shared by training and decoding --------------------------------------------------------------
 
-  def _embed(self, tokens_BxT, positions_BxT, deterministic):
-    x = self.embed(tokens_BxT) * jnp.sqrt(float(self.config.d_model))
-    x = x + layers.sinusoidal_positions(positions_BxT, self.config.d_model)
+  def _embed(self, tokens_BxT, positions_BxT, deterministic, is_source=False):
+    c = self.config
+    x = self.embed(tokens_BxT) * jnp.sqrt(float(c.d_model))
+    if c.image_side:
+      # Image Transformer (Parmar et al. 2018, §3.2): half the dimensions encode the row, half the column and
+      # channel. Input pixels sit at their centres in target-pixel units, so the encoder position of an input
+      # sub-pixel is close to those of the 4x4 target sub-pixels it covers: cross-attention to the co-located
+      # input starts out easy. With 1D positions the tiny CPU model ignored the input (README, Super-resolution).
+      side = c.image_input_side if is_source else c.image_side
+      x = x + layers.image_positions(positions_BxT, side, c.image_side // side, c.d_model)
+    else:
+      x = x + layers.sinusoidal_positions(positions_BxT, c.d_model)
     return self.dropout(x.astype(jnp.dtype(self.config.dtype)), deterministic=deterministic)
 
   def logits(self, hidden_Bx___xD):
@@ -103,7 +121,7 @@ class Transformer(nn.Module):
   def encode(self, src_BxS, deterministic=True):
     """Encoder output [B, S, D]. Source id 0 is padding."""
     positions = jnp.broadcast_to(jnp.arange(src_BxS.shape[1]), src_BxS.shape)
-    x = self._embed(src_BxS, positions, deterministic)
+    x = self._embed(src_BxS, positions, deterministic, is_source=True)
     mask_BxSxS = jnp.broadcast_to((src_BxS > 0)[:, None, :], src_BxS.shape + src_BxS.shape[1:])
     for layer in self.encoder_layers:
       x = layer(x, mask_BxSxS, deterministic)

@@ -139,6 +139,13 @@ def make_eval_step(model, *, label_smoothing, mesh=None):
   return eval_step
 
 
+def image_sides(config) -> dict:
+  """ModelConfig fields for 2D image positions (config.model.image_positions, images only)."""
+  if config.data.source != 'images' or not config.model.get('image_positions', False):
+    return {}
+  return dict(image_side=images.HIGHRES, image_input_side=images.LOWRES)
+
+
 def fresh_params(model_config, seed: int) -> dict:
   # Jitted: one compile instead of one per operation of the initializers (seconds at start-up).
   return jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.PRNGKey(seed))
@@ -228,7 +235,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   model_config = model_lib.model_config(config.model.size, vocab_size=vocab_size,
                                         k=1 if tc.regime == 'base' else config.k,
                                         dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
-                                        attention_block=config.model.get('attention_block', 0))
+                                        attention_block=config.model.get('attention_block', 0),
+                                        **image_sides(config))
   checks.check_init_from(model_config, tc.init_from if tc.regime != 'base' else '', workdir)
   if jax.process_index() == 0:
     checkpoint.write_model_config(workdir, model_config)

@@ -9,7 +9,8 @@ positions in the decoder (Image Transformer's local 1D attention; block size our
 accelerators.
 
 Arguments (comma-separated key=value): k (default 10), regime (base|frozen|finetune), cpu (the variant below),
-runlocal (cpu, shrunk to a smoke run of a few steps).
+gpu (image_medium, d=256, 2 + 4 layers, batch 32, for a time-boxed run on one accelerator: see
+experiments/superres_timeboxed.sh), runlocal (cpu, shrunk to a smoke run of a few steps).
 
   python -m bpd.main --config=configs/celeba_sr.py:cpu --workdir=runs/sr/base
   python -m bpd.main --config=configs/celeba_sr.py:cpu,regime=finetune --workdir=runs/sr/finetune \
@@ -42,6 +43,7 @@ def get_config(arg: str | None = None):
   c.k = int(args.get('k', 10))
   c.model.size = 'base'
   c.model.attention_block = 256
+  c.model.image_positions = True  # Image Transformer's 2D (row; column, channel) positions, input and output
   c.model.dropout_rate = 0.1
   c.data.source = 'images'
   c.data.image_source = 'npy'
@@ -80,6 +82,22 @@ def get_config(arg: str | None = None):
     c.train.log_every = 25
     c.decode.ks = tuple(k for k in (2, 4, 10) if k <= c.k)
     c.decode.max_examples = 32
+  if 'gpu' in args:
+    # One accelerator for minutes (experiments/superres_timeboxed.sh): each stage trains under `timeout`, whose
+    # SIGTERM stops training with a checkpoint (the preemption path), so num_steps is only an upper bound.
+    c.model.size = 'image_medium'
+    c.model.dropout_rate = 0.0  # a few epochs of 4560 faces at most
+    c.train.num_steps = 50000
+    c.train.batch_size = 32
+    c.train.learning_rate = 2e-3
+    c.train.warmup_steps = 500
+    c.train.eval_every = 0  # the decode stage measures quality; the logs have the training accuracies
+    c.train.checkpoint_every = 1000
+    c.train.log_every = 100
+    c.decode.ks = (10,)
+    c.decode.max_examples = 8
+    c.decode.timing_examples = 2
+    c.decode.timing_repeats = 3
   if 'runlocal' in args:
     c.train.num_steps = 20
     c.train.checkpoint_every = 10

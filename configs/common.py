@@ -4,8 +4,10 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   seed                 one seed for initialization, data order and dropout.
   k                    number of heads of the model (1 = plain Transformer; paper: 1..10).
   model_axis_size      mesh axis that shards the vocabulary and feed-forward weights (1: pure data parallel).
-  model.size           tiny | small | base | big | image_tiny | image_small (bpd/model.py SIZES).
+  model.size           tiny | small | base | big | image_tiny | image_small | image_medium
+                       (bpd/model.py SIZES).
   model.attention_block  decoder self-attention: 0 = full causal, W > 0 = local blocks of W (images).
+  model.image_positions  images: encode positions as 2D coordinates shared by input and output (else 1D).
   data.source          synthetic | text | tfds (translation) | images (CelebA 8x8 -> 32x32).
   data.dir             folder with {split}.{src_lang} / {split}.{tgt_lang} (source=text), or with
                        {split}.npy / {split}_8x8.npy (source=images, image_source=npy).
@@ -36,6 +38,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.dropout_rate = 0.1
   c.model.dtype = 'float32'
   c.model.attention_block = 0  # 0: full causal decoder self-attention; W > 0: local 1D blocks (images)
+  c.model.image_positions = False  # images: 2D (row, column, channel) position encodings (Image Transformer)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'synthetic'
@@ -78,6 +81,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.max_examples = 0  # 0 = all
   c.decode.max_src_len = 256  # longer sources are cut (logged); decoding has its own limit, not data.max_len
   c.decode.timing_examples = 0  # time greedy vs blockwise on the first N examples (0 = all)
+  c.decode.batch1_examples = 0  # images: batch size 1 decodes only the first N examples (0 = all)
+  c.decode.matmul_precision = ''  # '' (the backend's default) | 'highest' (float32 matmuls on GPU/TPU)
   c.decode.timing_repeats = 1  # alternate greedy/blockwise runs this many times; medians give the speedup
 
   c.distill = ml_collections.ConfigDict()

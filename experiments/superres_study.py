@@ -48,9 +48,13 @@ if __name__ == '__main__':
   _KS = flags.DEFINE_list('ks', ['2', '4', '10'], "Heads k' to decode with (<= config.k).")
   _CRITERIA = flags.DEFINE_list('criteria', ['exact', 'distance:2'], 'Acceptance criteria.')
   _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1'], 'Decode batch sizes.')
+  _BATCH1_EXAMPLES = flags.DEFINE_integer('batch1_examples', 0, 'Batch size 1 decodes only the first N images '
+                                          '(0: all); quality is then read at the other batch sizes.')
   _MAX_EXAMPLES = flags.DEFINE_integer('max_examples', 32, 'Decode at most this many images per split (0: all).')
   _BASE_STEPS = flags.DEFINE_integer('base_steps', 0, 'Override config.train.num_steps for the base (0: keep).')
   _HEAD_STEPS = flags.DEFINE_integer('head_steps', 0, 'Override config.train.num_steps for k-head models.')
+  _DECODE_MODELS = flags.DEFINE_list('decode_models', [], 'Models to decode, in this order (default: base, then '
+                                     '--regimes). A frozen model decodes greedily exactly as its base does.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,15 +67,19 @@ class Plan:
   criteria: tuple = ('exact', 'distance:2')
   batch_sizes: tuple = (1,)
   max_examples: int = 32
+  batch1_examples: int = 0
   base_steps: int = 0
   head_steps: int = 0
+  decode_models: tuple = ()  # () = base and every regime
 
   @classmethod
   def from_flags(cls):
     return cls(stages=tuple(_STAGES.value), regimes=tuple(_REGIMES.value), splits=tuple(_SPLITS.value),
                ks=tuple(int(k) for k in _KS.value), criteria=tuple(_CRITERIA.value),
                batch_sizes=tuple(int(b) for b in _BATCH_SIZES.value), max_examples=_MAX_EXAMPLES.value,
-               base_steps=_BASE_STEPS.value, head_steps=_HEAD_STEPS.value)
+               batch1_examples=_BATCH1_EXAMPLES.value,
+               base_steps=_BASE_STEPS.value, head_steps=_HEAD_STEPS.value,
+               decode_models=tuple(_DECODE_MODELS.value))
 
 
 def _done_training(workdir, steps):
@@ -102,9 +110,14 @@ def run_stages(config, root, plan: Plan):
         logging.info('Stage heads: %s -> %s', regime, workdir)
         train.train_and_evaluate(cfg, workdir)
   if 'decode' in stages:
-    for name, workdir in model_dirs(root, plan).items():
+    dirs = model_dirs(root, plan)
+    unknown = set(plan.decode_models) - set(dirs)
+    if unknown:
+      raise errors.UserError(f'--decode_models={",".join(plan.decode_models)}: no model {sorted(unknown)} in this '
+                             f'study; choose from {sorted(dirs)}.')
+    for name in plan.decode_models or dirs:
       for split in plan.splits:
-        decode_one(config, name, workdir, split, plan)
+        decode_one(config, name, dirs[name], split, plan)
   if 'table' in stages:
     write_table(config, root, plan)
 
@@ -118,7 +131,8 @@ def decode_one(config, name, workdir, split, plan):
   ks = (1,) if name == 'base' else tuple(k for k in plan.ks if k <= model_k)  # base: the greedy baseline
   cfg = common.override(config, **{'decode.splits': (split,), 'decode.ks': ks,
                                    'decode.criteria': plan.criteria if name != 'base' else ('exact',),
-                                   'decode.batch_sizes': plan.batch_sizes, 'decode.max_examples': plan.max_examples})
+                                   'decode.batch_sizes': plan.batch_sizes, 'decode.max_examples': plan.max_examples,
+                                   'decode.batch1_examples': plan.batch1_examples})
   logging.info('Stage decode: %s on %s', name, split)
   evaluate.decode_sweep(cfg, workdir)
   os.replace(os.path.join(workdir, evaluate.DECODE_DIR), out)
@@ -138,7 +152,9 @@ def write_table(config, root, plan):
   columns = [('model', 'model', '{}')] + evaluate_images.COLUMNS
   report.write_study(rows, root, columns)  # the paper-style view is Stern et al. Table 4's layout
   for split in sorted({r['split'] for r in rows}):
-    write_grid(config, root, plan, split, batch_size=min(r['batch_size'] for r in rows if r['split'] == split))
+    # The grid shows the batch size that decoded the most images (batch 1 may have decoded only a few).
+    _, batch_size = max((r['examples'], -r['batch_size']) for r in rows if r['split'] == split)
+    write_grid(config, root, plan, split, batch_size=-batch_size)
   print(report.markdown_table(rows, columns))
 
 
@@ -149,14 +165,15 @@ def write_grid(config, root, plan, split, batch_size):
   lowres_Nx8x8x3, highres_Nx32x32x3 = pipeline.load_image_split(config.data, split, n)
   n = len(highres_Nx32x32x3)
   rows, labels = [lowres_Nx8x8x3, highres_Nx32x32x3], ['input 8x8', 'ground truth']
-  for name, workdir in model_dirs(root, plan).items():
-    folder = os.path.join(workdir, f'decode_{split}')
-    if not os.path.exists(os.path.join(folder, 'results.json')):
-      continue
+  decoded = {name: os.path.join(workdir, f'decode_{split}') for name, workdir in model_dirs(root, plan).items()
+             if os.path.exists(os.path.join(workdir, f'decode_{split}', 'results.json'))}
+  for name, folder in decoded.items():
     for r in json.load(open(os.path.join(folder, 'results.json'))):
-      # The base's greedy row; the blockwise rows of the head models (a frozen model's greedy is the base's,
-      # a fine-tuned one's equals its exact rows).
-      if r['batch_size'] != batch_size or (r['criterion'] == 'greedy') != (name == 'base'):
+      # The base's greedy row; every head model's greedy and blockwise rows, except a frozen model's greedy
+      # row when the base's is there (a frozen model decodes greedily exactly as its base).
+      greedy = r['criterion'] == 'greedy'
+      if (r['batch_size'] != batch_size or (name == 'base' and not greedy)
+          or (greedy and name == 'frozen' and 'base' in decoded)):
         continue
       setting = 'greedy' if r['criterion'] == 'greedy' else evaluate.setting_name(r['k'], r['criterion'])
       outputs = np.load(os.path.join(folder, f'{split}.{setting}.b{batch_size}.npy'))[:n]

@@ -49,19 +49,20 @@ def test_blockwise_layer_equals_naive_local_mask(length, block):
   np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
 
 
-def _random_model(block, vocab=40, k=3):
+def _random_model(block, vocab=40, k=3, image_sides=(0, 0)):
   """Small (1 + 2 layers, d = 32) to compile fast; two decoder layers so the cache feeds a second layer."""
   config = model_lib.model_config('image_tiny', vocab_size=vocab, k=k, dropout_rate=0.0, d_model=32, d_ff=64,
-                                  attention_block=block)
+                                  attention_block=block, image_side=image_sides[0], image_input_side=image_sides[1])
   return model_lib.Transformer(config), jax.jit(model_lib.init_params, static_argnums=0)(
       config, jax.random.PRNGKey(1))
 
 
-@pytest.mark.parametrize('block', [3, 4])
-def test_cached_local_decoder_matches_blockwise_full_sequence(block):
+@pytest.mark.parametrize('block,image_sides', [(3, (0, 0)), (4, (0, 0)), (4, (4, 2))])
+def test_cached_local_decoder_matches_blockwise_full_sequence(block, image_sides):
   """Per-row starts, stale entries of a rejected block, overwrites, and calls that straddle block boundaries;
-  the sequence (11) is not a multiple of W. Every call writes 4 positions (one compiled shape)."""
-  model, params = _random_model(block)
+  the sequence (11) is not a multiple of W. Every call writes 4 positions (one compiled shape). With image
+  sides, positions are 2D image coordinates (model.image_positions), on the cached path as on the full one."""
+  model, params = _random_model(block, image_sides=image_sides)
   rng = np.random.RandomState(block)
   B, S, T, NEW = 5, 6, 11, 4
   src = jnp.asarray(rng.randint(3, 40, size=(B, S)))

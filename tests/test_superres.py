@@ -3,6 +3,7 @@ npy and mock-TFDS data, frozen heads, the decode sweep's PSNR/SSIM records and i
 
 import json
 import os
+import shutil
 import time
 
 import jax
@@ -19,6 +20,7 @@ from bpd.data import pipeline
 from bpd.errors import UserError
 from configs import celeba_sr
 from configs import common
+from experiments import superres_study
 from tests.test_images import _write_prepared_celeba_metadata
 
 DECODE_LEN = 24  # decode only the first 24 of 3072 sub-pixels: the loop is the same, the test is fast
@@ -76,6 +78,7 @@ def test_training_on_images_uses_pixel_vocabulary_and_local_attention(trained):
     model_config = checkpoint.read_model_config(workdir)
     assert model_config.vocab_size == images.IMAGE_VOCAB_SIZE
     assert model_config.attention_block == 128
+    assert (model_config.image_side, model_config.image_input_side) == (32, 8)  # 2D positions (celeba_sr.py)
     assert not os.path.exists(os.path.join(workdir, 'spm.model'))  # no tokenizer for pixels
   assert checkpoint.read_model_config(heads_dir).k == 3
   assert base_metrics == {'step': 2}  # eval_every=0
@@ -116,6 +119,19 @@ def test_image_decode_sweep_writes_psnr_records_and_grid(trained):
   grid = Image.open(os.path.join(out, 'val.grid.png'))
   assert grid.height == 5 * (128 + 2) + 2
   assert grid.width > 2 * (128 + 2) + 2  # plus the label column
+
+
+def test_batch1_decodes_only_the_first_images_and_the_grid_uses_the_full_batch(trained, tmp_path):
+  data, _, heads_dir, _, _ = trained
+  workdir = str(tmp_path / 'frozen')
+  shutil.copytree(heads_dir, workdir, ignore=shutil.ignore_patterns('decode*'))
+  config = tiny_config(data, k=3, **{'decode.batch_sizes': (2, 1), 'decode.batch1_examples': 1,
+                                     'decode.criteria': ('exact',), 'decode.matmul_precision': 'highest'})
+  records = evaluate.decode_sweep(config, workdir)
+  assert {(r['batch_size'], r['examples']) for r in records} == {(2, 2), (1, 1)}
+  assert all(r['identical_to_greedy'] == 1.0 for r in records)
+  assert Image.open(os.path.join(workdir, 'decode', 'val.grid.png')).width > 2 * (128 + 2) + 2  # 2 examples
+  assert np.load(os.path.join(workdir, 'decode', 'val.greedy.b1.npy')).shape == (1, 32, 32, 3)
 
 
 def test_decoded_images_round_trip_the_tokens(trained):
@@ -175,6 +191,14 @@ def test_error_missing_image_split(tmp_path):
                 train.train_and_evaluate, tiny_config(data, **{'data.eval_split': 'valid'}), str(tmp_path / 'w'))
 
 
+def test_error_bad_matmul_precision_and_unknown_decode_model(tmp_path, trained):
+  data, _, heads_dir, _, _ = trained
+  _expect_error('matmul_precision', evaluate.decode_sweep,
+                tiny_config(data, k=3, **{'decode.matmul_precision': 'fp8'}), heads_dir)
+  plan = superres_study.Plan(stages=('decode',), regimes=('frozen',), decode_models=('finetune',))
+  _expect_error('no model', superres_study.run_stages, tiny_config(data), str(tmp_path), plan)
+
+
 def test_error_bad_image_source_and_decode_length(tmp_path, trained):
   data, _, heads_dir, _, _ = trained
   _expect_error(r"image_source='png' is not one of \('npy', 'tfds'\)", train.train_and_evaluate,
@@ -184,8 +208,6 @@ def test_error_bad_image_source_and_decode_length(tmp_path, trained):
 
 
 def test_study_skips_trained_stages_decodes_and_writes_table_and_grid(trained, tmp_path):
-  import shutil  # pylint: disable=g-import-not-at-top
-  from experiments import superres_study  # pylint: disable=g-import-not-at-top
   data, base_dir, heads_dir, _, _ = trained
   root = str(tmp_path / 'study')
   shutil.copytree(base_dir, os.path.join(root, 'base'), ignore=shutil.ignore_patterns('decode*'))
