@@ -86,7 +86,8 @@ def get_config(arg: str | None = None):
     # One accelerator for minutes (experiments/superres_timeboxed.sh): each stage trains under `timeout`, whose
     # SIGTERM stops training with a checkpoint (the preemption path), so num_steps is only an upper bound.
     # Measured on one H200 (README, Super-resolution): base 22.3 steps/s, k = 10 fine-tuning 13.2 steps/s,
-    # frozen 23.1 steps/s, after about 35 s of compiling; greedy decoding 0.2 ms (batch 1) to 0.3 ms (batch 8) per sub-pixel step.
+    # frozen 23.1 steps/s, after about 35 s of compiling; greedy decoding 0.2 ms (batch 1) to 0.3 ms (batch 8)
+    # per sub-pixel step.
     c.model.size = 'image_medium'
     c.model.dropout_rate = 0.0  # a few epochs of 4560 faces at most
     c.train.num_steps = 50000
