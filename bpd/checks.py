@@ -81,11 +81,12 @@ def check_init_from(model_config: model_lib.ModelConfig, init_from: str, workdir
     diffs.append(f'the tokenizer {mine} differs from {theirs}')
   if diffs:
     raise UserError(f'config.train.init_from={init_from!r} holds a model of a different size or vocabulary ('
-                    + '; '.join(diffs) + '). Use the same config.model.size and tokenizer as the base run, or '
-                    'point init_from at a matching base model.')
+                    + '; '.join(diffs) + '). Use the same config.model.size (for images also '
+                    'config.model.image_positions: image_side 0 means the base used 1D positions) and tokenizer as '
+                    'the base run, or point init_from at a matching base model.')
 
 
-MATMUL_PRECISIONS = ('', 'default', 'high', 'highest')  # jax.default_matmul_precision's names
+MATMUL_PRECISIONS = ('', 'default', 'high', 'highest')  # '' and three of jax.default_matmul_precision's names
 
 
 def check_matmul_precision(config) -> str:

@@ -177,7 +177,7 @@ def decode_sweep(config, workdir: str) -> list[dict]:
     lowres_Nx8x8x3, highres_Nx32x32x3 = pipeline.load_image_split(config.data, split,
                                                                   config.decode.max_examples or None)
     grid_written = False
-    for batch_size in config.decode.batch_sizes:
+    for i, batch_size in enumerate(config.decode.batch_sizes):
       # Batch 1 is where the speedup is measured, and one 3072-step image at a time is slow: it may decode
       # only the first few images (quality is then read at the larger batch sizes).
       n = config.decode.get('batch1_examples', 0) if batch_size == 1 else 0
@@ -189,10 +189,12 @@ def decode_sweep(config, workdir: str) -> list[dict]:
       records += split_records
       if jax.process_index() == 0:
         report.write(records, out_dir, COLUMNS)  # after every batch size: an interrupted sweep keeps what it measured
-        if not grid_written and not n:  # one grid per split (outputs do not depend on the batch size)
+        # One grid per split (outputs depend on the batch size only through float rounding): from the first
+        # batch size that decoded every image, else (batch 1 alone, with batch1_examples) from what it decoded.
+        if not grid_written and (not n or i == len(config.decode.batch_sizes) - 1):
           grid_written = True
-          save_grid(os.path.join(out_dir, f'{split}.grid.png'), lowres_Nx8x8x3, highres_Nx32x32x3,
-                    outputs_by_name, config.decode.get('grid_examples', GRID_EXAMPLES))
+          save_grid(os.path.join(out_dir, f'{split}.grid.png'), lowres_Nx8x8x3[:n or None],
+                    highres_Nx32x32x3[:n or None], outputs_by_name, config.decode.get('grid_examples', GRID_EXAMPLES))
   if jax.process_index() == 0:
     print(report.markdown_table(records, COLUMNS))
   return records

@@ -69,8 +69,10 @@ def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelCo
     raise UserError(f'Unknown model size {size!r}: choose one of {sorted(SIZES)} (config.model.size).')
   if k < 1:
     raise UserError(f'k={k}: the number of heads must be >= 1 (config.k).')
-  if bool(overrides.get('image_side', 0)) != bool(overrides.get('image_input_side', 0)):
-    raise UserError('image_side and image_input_side are set together (both 0 for text).')
+  side, input_side = overrides.get('image_side', 0), overrides.get('image_input_side', 0)
+  if (side or input_side) and not (side > 0 and input_side > 0 and side % input_side == 0):
+    raise UserError(f'image_side={side}, image_input_side={input_side}: set together (both 0 for text), both > 0, '
+                    'and the output side a multiple of the input side (32 and 8 for CelebA 8x8 -> 32x32).')
   if overrides.get('attention_block', 0) < 0:
     raise UserError(f'attention_block={overrides["attention_block"]}: use 0 (full causal self-attention) or a '
                     'block size W > 0 (local attention) (config.model.attention_block).')
@@ -107,7 +109,8 @@ class Transformer(nn.Module):
       # Image Transformer (Parmar et al. 2018, §3.2): half the dimensions encode the row, half the column and
       # channel. Input pixels sit at their centres in target-pixel units, so the encoder position of an input
       # sub-pixel is close to those of the 4x4 target sub-pixels it covers: cross-attention to the co-located
-      # input starts out easy. With 1D positions the tiny CPU model ignored the input (README, Super-resolution).
+      # input starts out easy. (With 1D positions the tiny CPU model ignored its input; there is no ablation of
+      # 1D vs 2D at equal size and steps yet: README, Super-resolution.)
       side = c.image_input_side if is_source else c.image_side
       x = x + layers.image_positions(positions_BxT, side, c.image_side // side, c.d_model)
     else:

@@ -7,8 +7,9 @@ skipped when its output exists.
 Stages (an interrupted study resumes at the stage it was in; training resumes from its checkpoint):
   1. base    a plain image Transformer (k = 1)                                         W/base
   2. heads   k-head models from the base, one per regime in --regimes (frozen, finetune)   W/<regime>
-  3. decode  every model on every split: greedy, and blockwise for k' in --ks and each criterion (exact,
-             distance:2), at each batch size; PSNR/SSIM against the ground truth    W/<model>/decode_<split>
+  3. decode  every model (or those in --decode_models, in that order) on every split: greedy, and blockwise
+             for k' in --ks and each criterion (exact, distance:2), at each batch size; PSNR/SSIM against the
+             ground truth                                                          W/<model>/decode_<split>
   4. table   W/study.md, W/study.csv, W/study.json, W/study_paper.md (model x criterion by k), plots
              W/study_<split>_b<batch>_<model>.png, and one image
              grid W/study_<split>_grid.png: input, ground truth, and greedy and every setting of each model.
@@ -93,6 +94,10 @@ def model_dirs(root, plan):
 def run_stages(config, root, plan: Plan):
   base_dir = os.path.join(root, 'base')
   stages = set(plan.stages)
+  unknown = set(plan.decode_models) - set(model_dirs(root, plan))
+  if unknown:  # before any training
+    raise errors.UserError(f'--decode_models={",".join(plan.decode_models)}: no model {sorted(unknown)} in this '
+                           f'study; choose from {sorted(model_dirs(root, plan))} (base and --regimes).')
   if 'base' in stages:
     cfg = common.override(config, **{'train.regime': 'base', 'train.init_from': ''})
     if plan.base_steps:
@@ -111,10 +116,6 @@ def run_stages(config, root, plan: Plan):
         train.train_and_evaluate(cfg, workdir)
   if 'decode' in stages:
     dirs = model_dirs(root, plan)
-    unknown = set(plan.decode_models) - set(dirs)
-    if unknown:
-      raise errors.UserError(f'--decode_models={",".join(plan.decode_models)}: no model {sorted(unknown)} in this '
-                             f'study; choose from {sorted(dirs)}.')
     for name in plan.decode_models or dirs:
       for split in plan.splits:
         decode_one(config, name, dirs[name], split, plan)
@@ -153,15 +154,15 @@ def write_table(config, root, plan):
   report.write_study(rows, root, columns)  # the paper-style view is Stern et al. Table 4's layout
   for split in sorted({r['split'] for r in rows}):
     # The grid shows the batch size that decoded the most images (batch 1 may have decoded only a few).
-    _, batch_size = max((r['examples'], -r['batch_size']) for r in rows if r['split'] == split)
-    write_grid(config, root, plan, split, batch_size=-batch_size)
+    examples, batch_size = max((r['examples'], -r['batch_size']) for r in rows if r['split'] == split)
+    write_grid(config, root, plan, split, batch_size=-batch_size, examples=examples)
   print(report.markdown_table(rows, columns))
 
 
-def write_grid(config, root, plan, split, batch_size):
-  """W/study_<split>_grid.png: input 8x8, ground truth, then every model's greedy and blockwise outputs."""
-  n = config.decode.get('grid_examples', 8)
-  n = min(n, plan.max_examples) if plan.max_examples else n
+def write_grid(config, root, plan, split, batch_size, examples):
+  """W/study_<split>_grid.png: input 8x8, ground truth, then every model's greedy and blockwise outputs on
+  the first images that were decoded at `batch_size` (`examples` of them)."""
+  n = min(config.decode.get('grid_examples', 8), examples)
   lowres_Nx8x8x3, highres_Nx32x32x3 = pipeline.load_image_split(config.data, split, n)
   n = len(highres_Nx32x32x3)
   rows, labels = [lowres_Nx8x8x3, highres_Nx32x32x3], ['input 8x8', 'ground truth']

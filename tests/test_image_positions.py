@@ -36,8 +36,9 @@ def test_every_output_subpixel_has_its_own_encoding():
 
 
 def test_image_sides_come_together():
-  with pytest.raises(UserError, match='set together'):
-    model_lib.model_config('image_tiny', vocab_size=259, image_side=32)
+  for sides in (dict(image_side=32), dict(image_input_side=8), dict(image_side=32, image_input_side=6)):
+    with pytest.raises(UserError, match='set together'):
+      model_lib.model_config('image_tiny', vocab_size=259, **sides)
   config = model_lib.model_config('image_tiny', vocab_size=259, image_side=32, image_input_side=8)
   assert (config.image_side, config.image_input_side) == (32, 8)
 

@@ -130,8 +130,13 @@ def test_batch1_decodes_only_the_first_images_and_the_grid_uses_the_full_batch(t
   records = evaluate.decode_sweep(config, workdir)
   assert {(r['batch_size'], r['examples']) for r in records} == {(2, 2), (1, 1)}
   assert all(r['identical_to_greedy'] == 1.0 for r in records)
-  assert Image.open(os.path.join(workdir, 'decode', 'val.grid.png')).width > 2 * (128 + 2) + 2  # 2 examples
+  width_2_examples = Image.open(os.path.join(workdir, 'decode', 'val.grid.png')).width
+  assert width_2_examples > 2 * (128 + 2) + 2  # 2 examples plus the label column
   assert np.load(os.path.join(workdir, 'decode', 'val.greedy.b1.npy')).shape == (1, 32, 32, 3)
+  # Batch 1 alone: the grid shows the images it decoded.
+  shutil.rmtree(os.path.join(workdir, 'decode'))
+  evaluate.decode_sweep(common.override(config, **{'decode.batch_sizes': (1,)}), workdir)
+  assert Image.open(os.path.join(workdir, 'decode', 'val.grid.png')).width == width_2_examples - (128 + 2)
 
 
 def test_decoded_images_round_trip_the_tokens(trained):
