@@ -236,12 +236,11 @@ def write_lines(path, lines):
 def decode_sweep(config, workdir: str) -> list[dict]:
   """The `--mode=decode` sweep over the newest checkpoint in `workdir`; writes {workdir}/decode/*."""
   precision = checks.check_matmul_precision(config)
-  if not precision:
-    return _decode_sweep(config, workdir)
-  # On GPUs and TPUs the default float32 matmul may round through TF32 / bfloat16 passes; results then depend
-  # on the shapes of the call (batch size, tokens per call) by more than float32 rounding, argmax near-ties flip,
-  # and `exact` rows stop matching greedy (README, Super-resolution). 'highest' asks for full float32.
-  with jax.default_matmul_precision(precision):
+  # '' -> None: the backend's default. On GPUs and TPUs the default float32 matmul may round through TF32 /
+  # bfloat16 passes; results then depend on the shapes of the call (batch size, tokens per call) by more than
+  # float32 rounding, argmax near-ties flip, and `exact` rows stop matching greedy (README, Super-resolution).
+  # 'highest' asks for full float32.
+  with jax.default_matmul_precision(precision or None):
     return _decode_sweep(config, workdir)
 
 

@@ -181,9 +181,9 @@ def decode_sweep(config, workdir: str) -> list[dict]:
       # Batch 1 is where the speedup is measured, and one 3072-step image at a time is slow: it may decode
       # only the first few images (quality is then read at the larger batch sizes).
       n = config.decode.get('batch1_examples', 0) if batch_size == 1 else 0
+      lowres_nx8x8x3, highres_nx32x32x3 = lowres_Nx8x8x3[:n or None], highres_Nx32x32x3[:n or None]
       batch_size = sharding.decode_batch_size(batch_size, mesh)
-      split_records, outputs_by_name = decode_split(decoder, params, split, lowres_Nx8x8x3[:n or None],
-                                                    highres_Nx32x32x3[:n or None],
+      split_records, outputs_by_name = decode_split(decoder, params, split, lowres_nx8x8x3, highres_nx32x32x3,
                                                     sweep, batch_size, out_dir, model_config.k, step,
                                                     config.decode.timing_examples, config.decode.timing_repeats)
       records += split_records
@@ -193,8 +193,8 @@ def decode_sweep(config, workdir: str) -> list[dict]:
         # batch size that decoded every image, else (batch 1 alone, with batch1_examples) from what it decoded.
         if not grid_written and (not n or i == len(config.decode.batch_sizes) - 1):
           grid_written = True
-          save_grid(os.path.join(out_dir, f'{split}.grid.png'), lowres_Nx8x8x3[:n or None],
-                    highres_Nx32x32x3[:n or None], outputs_by_name, config.decode.get('grid_examples', GRID_EXAMPLES))
+          save_grid(os.path.join(out_dir, f'{split}.grid.png'), lowres_nx8x8x3, highres_nx32x32x3, outputs_by_name,
+                    config.decode.get('grid_examples', GRID_EXAMPLES))
   if jax.process_index() == 0:
     print(report.markdown_table(records, COLUMNS))
   return records

@@ -94,10 +94,11 @@ def model_dirs(root, plan):
 def run_stages(config, root, plan: Plan):
   base_dir = os.path.join(root, 'base')
   stages = set(plan.stages)
-  unknown = set(plan.decode_models) - set(model_dirs(root, plan))
+  dirs = model_dirs(root, plan)
+  unknown = set(plan.decode_models) - set(dirs)
   if unknown:  # before any training
     raise errors.UserError(f'--decode_models={",".join(plan.decode_models)}: no model {sorted(unknown)} in this '
-                           f'study; choose from {sorted(model_dirs(root, plan))} (base and --regimes).')
+                           f'study; choose from {sorted(dirs)} (base and --regimes).')
   if 'base' in stages:
     cfg = common.override(config, **{'train.regime': 'base', 'train.init_from': ''})
     if plan.base_steps:
@@ -115,7 +116,6 @@ def run_stages(config, root, plan: Plan):
         logging.info('Stage heads: %s -> %s', regime, workdir)
         train.train_and_evaluate(cfg, workdir)
   if 'decode' in stages:
-    dirs = model_dirs(root, plan)
     for name in plan.decode_models or dirs:
       for split in plan.splits:
         decode_one(config, name, dirs[name], split, plan)
@@ -176,7 +176,7 @@ def write_grid(config, root, plan, split, batch_size, examples):
       if (r['batch_size'] != batch_size or (name == 'base' and not greedy)
           or (greedy and name == 'frozen' and 'base' in decoded)):
         continue
-      setting = 'greedy' if r['criterion'] == 'greedy' else evaluate.setting_name(r['k'], r['criterion'])
+      setting = 'greedy' if greedy else evaluate.setting_name(r['k'], r['criterion'])
       outputs = np.load(os.path.join(folder, f'{split}.{setting}.b{batch_size}.npy'))[:n]
       if len(outputs) == n:
         rows.append(outputs)
