@@ -8,6 +8,8 @@ import filecmp
 import os
 import tempfile
 
+from absl import logging
+
 from bpd import checkpoint
 from bpd import decoding
 from bpd import model as model_lib
@@ -101,11 +103,14 @@ def check_matmul_precision(config) -> str:
 def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding.Criterion]]:
   """The (k', criterion) pairs of the sweep; UserError for a bad criterion or a k' beyond the checkpoint's k."""
   dc = config.decode
-  for k in dc.ks:
+  # A plain Transformer (k = 1) has no proposal heads: no blockwise setting can run, so it decodes greedily
+  # whatever the sweep's ks and criteria say (they are still checked for typos).
+  for k in dc.ks if model_k > 1 else ():
     if not 1 <= k <= model_k:
       raise UserError(f'config.decode.ks contains {k}, but the checkpoint in {workdir} has k={model_k} heads: '
                       f'a sweep can use k\' = 1..{model_k} heads. Drop {k} or train a model with more heads.')
-  criteria = [decoding.parse_criterion(spec, k=model_k) for spec in dc.criteria]  # raises on a bad spec
+  criteria = [decoding.parse_criterion(spec, k=model_k if model_k > 1 else None)  # raises on a bad spec
+              for spec in dc.criteria]
   for field in ('batch_sizes',):
     if any(b < 1 for b in dc[field]):
       raise UserError(f'config.decode.{field}={tuple(dc[field])}: batch sizes must be at least 1.')
@@ -121,6 +126,9 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
   check_workdir(workdir)
   # min_block:l only makes sense where l <= k'; those pairs are left out of the sweep (and logged).
+  if model_k == 1:
+    logging.info('The model in %s has k=1 (no proposal heads): decoding greedily only.', workdir)
+    return []
   return [(k, c) for k in dc.ks for c in criteria if c.min_block <= k]
 
 

@@ -66,9 +66,14 @@ def distill(config, workdir: str) -> str:
     for chunk in range(num_chunks):
       with open(part_path(chunk), encoding='utf-8') as f:
         targets += f.read().split('\n')[:-1]
-    evaluate.write_lines(os.path.join(out_dir, f'train.{data.src_lang}'), src)
-    evaluate.write_lines(os.path.join(out_dir, f'train.{data.tgt_lang}'), targets)
+    # The teacher saw each source cut to data.max_len tokens; a cut source's translation is not a translation
+    # of the full source, so such pairs are left out (training drops sources that long anyway).
+    fits = [len(ids) + 1 <= data.max_len for ids in tokenizer.encode_batch(src)]  # + 1: EOS
+    if not all(fits):
+      logging.info('Left %d of %d sources out of the distilled corpus: longer than data.max_len=%d tokens.',
+                   fits.count(False), len(src), data.max_len)
+    evaluate.write_lines(os.path.join(out_dir, f'train.{data.src_lang}'), [s for s, f in zip(src, fits) if f])
+    evaluate.write_lines(os.path.join(out_dir, f'train.{data.tgt_lang}'), [t for t, f in zip(targets, fits) if f])
   sharding.barrier('distill corpus')  # on return, the corpus exists for every process
-  logging.info('Wrote the distilled corpus (%d pairs) to %s; train on it with --config.data.distilled_from=%s',
-               len(src), out_dir, workdir)
+  logging.info('Wrote the distilled corpus to %s; train on it with --config.data.distilled_from=%s', out_dir, workdir)
   return out_dir

@@ -287,17 +287,30 @@ class MultiOutput(nn.Module):
   d_ff: int
   dtype: jnp.dtype = jnp.float32
 
-  @nn.compact
+  def setup(self):
+    n, d, f = self.num_heads, self.d_model, self.d_ff
+    init = nn.initializers.lecun_normal(batch_axis=(0,))
+    self.wi_kernel = self.param('wi_kernel', init, (n, d, f))  # [N, D, F]
+    self.wi_bias = self.param('wi_bias', nn.initializers.zeros, (n, f))  # [N, F]
+    self.wo_kernel = self.param('wo_kernel', init, (n, f, d))  # [N, F, D]
+    self.wo_bias = self.param('wo_bias', nn.initializers.zeros, (n, d))  # [N, D]
+    self.ln = nn.LayerNorm(dtype=self.dtype)
+
   def __call__(self, hidden_Bx___xD, num_used: int | None = None):
     """Returns the first `num_used` (default all n) heads' vectors: [..., num_used, D]."""
-    n, d, f = self.num_heads, self.d_model, self.d_ff
-    used = n if num_used is None else num_used
-    init = nn.initializers.lecun_normal(batch_axis=(0,))
-    wi_NxDxF = self.param('wi_kernel', init, (n, d, f))
-    bi_NxF = self.param('wi_bias', nn.initializers.zeros, (n, f))
-    wo_NxFxD = self.param('wo_kernel', init, (n, f, d))
-    bo_NxD = self.param('wo_bias', nn.initializers.zeros, (n, d))
+    used = self.num_heads if num_used is None else num_used
     x = hidden_Bx___xD.astype(self.dtype)
-    h = nn.relu(jnp.einsum('...d,ndf->...nf', x, wi_NxDxF[:used].astype(self.dtype)) + bi_NxF[:used])
-    out_Bx___xNxD = jnp.einsum('...nf,nfd->...nd', h, wo_NxFxD[:used].astype(self.dtype)) + bo_NxD[:used]
-    return nn.LayerNorm(dtype=self.dtype, name='ln')(out_Bx___xNxD + x[..., None, :])
+    h = nn.relu(jnp.einsum('...d,ndf->...nf', x, self.wi_kernel[:used].astype(self.dtype)) + self.wi_bias[:used])
+    out_Bx___xNxD = jnp.einsum('...nf,nfd->...nd', h, self.wo_kernel[:used].astype(self.dtype)) + self.wo_bias[:used]
+    return self.ln(out_Bx___xNxD + x[..., None, :])
+
+  def one_head(self, hidden_Bx___xD, index):
+    """The vector of head `index` + 2 alone (index in 0..n-1, may be traced): [..., D].
+
+    What the sampled-head loss needs (paper §6: one of the k sub-losses per minibatch): only the drawn head's
+    slice of the layer is computed, so its vocabulary projection is one, not k - 1.
+    """
+    x = hidden_Bx___xD.astype(self.dtype)
+    take = lambda w: jax.lax.dynamic_index_in_dim(w, index, axis=0, keepdims=False)
+    h = nn.relu(x @ take(self.wi_kernel).astype(self.dtype) + take(self.wi_bias))
+    return self.ln(h @ take(self.wo_kernel).astype(self.dtype) + take(self.wo_bias) + x)

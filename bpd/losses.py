@@ -33,3 +33,24 @@ def heads_cross_entropy(logits_BxTxKxV: jax.Array, tgt_BxT: jax.Array, label_smo
   loss_K = jnp.sum(ce_BxTxK * weights_BxTxK, axis=(0, 1)) / denom_K
   acc_K = jnp.sum(correct_BxTxK * weights_BxTxK, axis=(0, 1)) / denom_K
   return loss_K, acc_K, weight_K
+
+
+def head_targets_at(tgt_BxT: jax.Array, k: int, head) -> jax.Array:
+  """Targets of one head (0-based, may be traced): [B, T], [:, t] = tgt[:, t + head], 0 past the end."""
+  padded = jnp.pad(tgt_BxT, ((0, 0), (0, k - 1)))
+  return jax.lax.dynamic_slice_in_dim(padded, head, tgt_BxT.shape[1], axis=1)
+
+
+def one_head_cross_entropy(logits_BxTxV: jax.Array, tgt_BxT: jax.Array, k: int, head, label_smoothing: float = 0.0):
+  """Mean cross-entropy and accuracy of one head (0-based, may be traced) over its non-padding targets.
+
+  Returns (loss [], accuracy [], weight [] number of targets), as heads_cross_entropy does per head.
+  """
+  targets_BxT = head_targets_at(tgt_BxT, k, head)
+  weights_BxT = (targets_BxT > 0).astype(jnp.float32)
+  soft = optax.smooth_labels(jax.nn.one_hot(targets_BxT, logits_BxTxV.shape[-1]), label_smoothing)
+  ce_BxT = optax.softmax_cross_entropy(logits_BxTxV.astype(jnp.float32), soft)
+  correct_BxT = (jnp.argmax(logits_BxTxV, axis=-1) == targets_BxT).astype(jnp.float32)
+  weight = jnp.sum(weights_BxT)
+  denom = jnp.maximum(weight, 1.0)
+  return jnp.sum(ce_BxT * weights_BxT) / denom, jnp.sum(correct_BxT * weights_BxT) / denom, weight

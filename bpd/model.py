@@ -6,6 +6,7 @@ k-head model with `add_heads(base_params, new_params)`.
 
 Methods:
   __call__(src, tgt_in)        -> logits of all k heads at every position (training).
+  one_head_logits(src, tgt_in, head) -> logits of one (drawn) head at every position (sampled-head loss).
   encode / decode_hidden / head_hidden / logits: the pieces of __call__, for losses that save memory.
   init_decode_state(src, ...)  -> per-row decoder state (KV cache + encoder keys/values), leaves [B, ...].
   score(state, tokens, start)  -> head-1 logits at T new positions, their hidden states, new state.
@@ -157,6 +158,21 @@ class Transformer(nn.Module):
     enc = self.encode(src_BxS, deterministic)
     hidden = self.decode_hidden(enc, src_BxS, tgt_in_BxT, deterministic)
     return self.logits(self.head_hidden(hidden))
+
+  def one_head_logits(self, src_BxS, tgt_in_BxT, head, deterministic=True):
+    """Logits of head `head` + 1 alone at every target position: [B, T, V] (head 0-based, may be traced).
+
+    The sampled-head loss (head_loss='random', paper §6) trains one head per step: this projects that head
+    onto the vocabulary once instead of projecting all k heads and keeping one.
+    """
+    enc = self.encode(src_BxS, deterministic)
+    hidden_BxTxD = self.decode_hidden(enc, src_BxS, tgt_in_BxT, deterministic)
+    if self.config.k == 1:
+      return self.logits(hidden_BxTxD)
+    # Head 1 is the decoder output itself; heads 2..k pass through their slice of the multi-output layer. The
+    # drawn head's slice is computed either way (d·d_ff work, small) and selected: one vocabulary projection.
+    proposal_BxTxD = self.multi_output.one_head(hidden_BxTxD, jnp.maximum(head - 1, 0))
+    return self.logits(jnp.where(head == 0, hidden_BxTxD, proposal_BxTxD.astype(hidden_BxTxD.dtype)))
 
   # -- decoding with the per-row cache ---------------------------------------------------------------------
 

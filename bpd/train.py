@@ -36,6 +36,7 @@ import optax
 
 from bpd import checkpoint
 from bpd import checks
+from bpd import decoding
 from bpd import evaluate
 from bpd import evaluate_images
 from bpd import losses
@@ -59,39 +60,65 @@ def learning_rate_schedule(peak: float, warmup_steps: int):
   return schedule
 
 
-def make_optimizer(regime: str, params: dict, learning_rate: float, warmup_steps: int):
-  """Adam (β2 = 0.98, as Vaswani et al.) with global-norm clipping; frozen: only 'multi_output' moves."""
-  adam = optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adam(learning_rate_schedule(learning_rate, warmup_steps), b1=0.9, b2=0.98, eps=1e-9))
-  if regime != 'frozen':
-    return adam
+def make_optimizer(regime: str, params: dict, learning_rate: float, warmup_steps: int,
+                   head_learning_rate: float = 0.0):
+  """Adam (β2 = 0.98, as Vaswani et al.) with global-norm clipping.
+
+  frozen: only 'multi_output' (the proposal heads) moves. finetune with head_learning_rate > 0: the new heads
+  and the trained base get their own peak rates (optax.multi_transform): fresh heads need a large rate to learn
+  in few steps, while the same rate on the base would wreck the scoring model's quality (the demo lost 24 BLEU
+  that way); a small base rate lets the base adapt towards predictability without forgetting.
+  """
+  def adam(peak):
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.adam(learning_rate_schedule(peak, warmup_steps), b1=0.9, b2=0.98, eps=1e-9))
+
+  # (The state layouts of base, frozen and single-rate finetune are those of earlier versions: old runs resume.)
   labels = {name: ('heads' if name == 'multi_output' else 'base') for name in params}
-  return optax.multi_transform({'heads': adam, 'base': optax.set_to_zero()}, labels)
+  if regime == 'frozen':
+    return optax.multi_transform({'heads': adam(head_learning_rate or learning_rate), 'base': optax.set_to_zero()},
+                                 labels)
+  if regime == 'finetune' and head_learning_rate:
+    def rate(peak):
+      return optax.adam(learning_rate_schedule(peak, warmup_steps), b1=0.9, b2=0.98, eps=1e-9)
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.multi_transform({'heads': rate(head_learning_rate), 'base': rate(learning_rate)}, labels))
+  return adam(learning_rate)
 
 
 def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoothing, train, frozen=False,
                      head1_weight=1.0):
-  """Mean (or one random head's) cross-entropy, plus per-head loss and accuracy for the logs.
+  """Mean (or one random head's) cross-entropy, plus per-head loss, accuracy and target counts for the logs.
 
   head1_weight w weighs head 1 (the base model's next-token head) against the proposal heads:
   loss = (w L_1 + L_2 + ... + L_k) / (w + k - 1). w = 1 is the paper's plain mean (§6); fine-tuning with a
   larger w keeps more of the base model's quality, which exact decoding reproduces (paper Table 1 shows
   fine-tuning costing BLEU at w = 1).
+  head_loss='random' (training only) draws one head per step, as the paper's code did (§6), and computes only
+  that head's projection onto the vocabulary; the other heads' entries of loss_K / acc_K are NaN.
+  frozen: the base runs without dropout, so the heads learn from the hidden states that decoding will feed them
+  (the base does not train, so its dropout would only add noise to the heads' inputs).
   """
   src, tgt = batch['src_BxS'], batch['tgt_BxT']
   tgt_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)), constant_values=tokenizer_lib.BOS_ID)
-  logits_BxTxKxV = model.apply({'params': params}, src, tgt_in, deterministic=not train,
-                               rngs={'dropout': dropout_rng} if train else {})
-  loss_K, acc_K, weight_K = losses.heads_cross_entropy(logits_BxTxKxV, tgt, label_smoothing)
+  deterministic = not train or frozen
+  rngs = {} if deterministic else {'dropout': dropout_rng}
+  k = model.config.k
   if head_loss == 'random' and train:
     # Frozen: head 1 has no trainable parameters, so draw among heads 2..k only.
-    first = 1 if frozen and loss_K.shape[0] > 1 else 0
-    head = jax.random.randint(jax.random.fold_in(dropout_rng, 1), (), first, loss_K.shape[0])
-    loss = loss_K[head]
-  else:
-    weight_K = jnp.ones_like(loss_K).at[0].set(head1_weight)
-    loss = jnp.sum(weight_K * loss_K) / jnp.sum(weight_K)
-  return loss, {'loss_K': loss_K, 'acc_K': acc_K, 'weight_K': weight_K}
+    first = 1 if frozen and k > 1 else 0
+    head = jax.random.randint(jax.random.fold_in(dropout_rng, 1), (), first, k)
+    logits_BxTxV = model.apply({'params': params}, src, tgt_in, head, deterministic=deterministic, rngs=rngs,
+                               method=model_lib.Transformer.one_head_logits)
+    loss, acc, count = losses.one_head_cross_entropy(logits_BxTxV, tgt, k, head, label_smoothing)
+    nan_K = jnp.full((k,), jnp.nan)
+    return loss, {'loss_K': nan_K.at[head].set(loss), 'acc_K': nan_K.at[head].set(acc),
+                  'count_K': jnp.zeros((k,)).at[head].set(count)}
+  logits_BxTxKxV = model.apply({'params': params}, src, tgt_in, deterministic=deterministic, rngs=rngs)
+  loss_K, acc_K, count_K = losses.heads_cross_entropy(logits_BxTxKxV, tgt, label_smoothing)
+  weight_K = jnp.ones_like(loss_K).at[0].set(head1_weight)
+  loss = jnp.sum(weight_K * loss_K) / jnp.sum(weight_K)
+  return loss, {'loss_K': loss_K, 'acc_K': acc_K, 'count_K': count_K}
 
 
 def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing, state_sharding=None, frozen=False,
@@ -165,17 +192,20 @@ def initial_params(model_config, regime: str, init_from: str, seed: int, mesh=No
 
 def evaluate_during_training(params, eval_step, eval_batches, quick_eval, mesh):
   """Loss and per-head accuracy over `eval_batches` [(indices_B, src_BxS, tgt_BxT)], plus `quick_eval(params)`
-  (a dict: greedy BLEU on a few sentences, or greedy PSNR on a few images)."""
-  loss_sum, acc_sum, weight_sum = 0.0, 0.0, 0.0
+  (a dict: greedy BLEU and agreement with greedy on a few sentences, or greedy PSNR on a few images).
+
+  Per target token, not per batch: each batch's per-head means are weighted by its number of targets.
+  """
+  loss_sum, acc_sum, count_sum = 0.0, 0.0, 0.0
   for _, src, tgt in eval_batches:
     batch = sharding.shard_global_batch({'src_BxS': src, 'tgt_BxT': tgt}, mesh)
     aux = jax.device_get(eval_step(params, batch))
-    loss_sum += aux['loss_K'] * aux['weight_K']
-    acc_sum += aux['acc_K'] * aux['weight_K']
-    weight_sum += aux['weight_K']
-  weight_sum = np.maximum(weight_sum, 1)
-  out = {'loss': float(np.mean(loss_sum / weight_sum))}
-  out.update({f'accuracy_head{i + 1}': float(a) for i, a in enumerate(acc_sum / weight_sum)})
+    loss_sum += aux['loss_K'] * aux['count_K']
+    acc_sum += aux['acc_K'] * aux['count_K']
+    count_sum += aux['count_K']
+  count_sum = np.maximum(count_sum, 1)
+  out = {'loss': float(np.mean(loss_sum / count_sum))}
+  out.update({f'accuracy_head{i + 1}': float(a) for i, a in enumerate(acc_sum / count_sum)})
   out.update(quick_eval(params))
   return out
 
@@ -193,11 +223,50 @@ def text_data(config, tokenizer, decoder):
   e_src_ids, e_tgt_ids, _ = batching.encode_pairs(tokenizer, eval_src, eval_tgt, dc.max_len, truncate=True)
   eval_batches = batching.eval_batches(e_src_ids, e_tgt_ids, tc.batch_size, dc.bucket_lengths)
 
+  agreement_step = make_eval_step(decoder.model, label_smoothing=0.0, mesh=decoder.mesh)
+  k = decoder.model.config.k
+
   def quick_eval(params):
     n = min(EVAL_BLEU_EXAMPLES, len(e_src_ids))
-    hyps = evaluate.greedy_translate(decoder, params, tokenizer, e_src_ids[:n], tc.batch_size, dc.bucket_lengths)
-    return {'greedy_bleu': evaluate.bleu(hyps, eval_tgt[:n])}
+    greedy_ids = evaluate.run_batches(lambda src: decoder.greedy(params, src)[0], e_src_ids[:n], tc.batch_size)[0]
+    out = {'greedy_bleu': evaluate.bleu([tokenizer.decode(t) for t in greedy_ids], eval_tgt[:n])}
+    if k > 1:
+      out.update(agreement_with_greedy(agreement_step, params, e_src_ids[:n], greedy_ids, tc.batch_size,
+                                       decoder.mesh))
+      out['exact_block_size'] = exact_block_size(decoder, params, e_src_ids[:n], k, tc.batch_size)
+    return out
   return batch_for_step, eval_batches, quick_eval
+
+
+def agreement_with_greedy(agreement_step, params, src_ids, greedy_ids, batch_size, mesh) -> dict:
+  """The diagnostic that predicts exact acceptance: per head i, how often head i's argmax at decoder position t
+  equals the token greedy decoding of the scoring model emits at t + i, on greedy's own prefixes.
+
+  Exact acceptance (paper §5) tests exactly this: ŷ_{j+i} from head i is kept iff it equals greedy's token there.
+  Accuracy against references measures something else (a head can match the reference where greedy does not).
+  Teacher-forces the model on its own greedy outputs (EOS included, nothing after it); head 1 agrees everywhere
+  up to float rounding. Returns {'agreement_head{i}': fraction}.
+  """
+  tokens = [np.asarray(t) for t in greedy_ids]
+  tokens = [t[:int(np.argmax(t == tokenizer_lib.EOS_ID)) + 1] if np.any(t == tokenizer_lib.EOS_ID) else t[t > 0]
+            for t in tokens]
+  # One padded length for every batch (one compiled shape): the source bucket or the longest output.
+  length = max(evaluate.source_bucket(src_ids), max(len(t) for t in greedy_ids))
+  correct_K, count_K = 0.0, 0.0
+  for _, src, tgt in batching.eval_batches(src_ids, tokens, batch_size, (length,)):
+    batch = sharding.shard_global_batch({'src_BxS': src, 'tgt_BxT': tgt}, mesh)
+    aux = jax.device_get(agreement_step(params, batch))
+    correct_K = correct_K + aux['acc_K'] * aux['count_K']
+    count_K = count_K + aux['count_K']
+  return {f'agreement_head{i + 1}': float(a) for i, a in enumerate(correct_K / np.maximum(count_K, 1))}
+
+
+def exact_block_size(decoder, params, src_ids, k, batch_size) -> float:
+  """Mean accepted block size of exact blockwise decoding with all k heads on `src_ids` (what acceptance is)."""
+  results, _ = evaluate.run_batches(lambda src: decoder.blockwise(params, src, k=k, criterion=decoding.Criterion()),
+                                    src_ids, batch_size)
+  tokens = sum(int(r.length_B) for r in results)
+  return tokens / max(sum(int(r.iterations_B) for r in results), 1)
 
 
 def image_data(config, decoder):
@@ -255,7 +324,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     params = initial_params(model_config, tc.regime, tc.init_from, config.seed, mesh)
   else:  # only a template for the restore
     params = fresh_params(model_config, config.seed)
-  optimizer = make_optimizer(tc.regime, params, tc.learning_rate, tc.warmup_steps)
+  optimizer = make_optimizer(tc.regime, params, tc.learning_rate, tc.warmup_steps,
+                             tc.get('head_learning_rate', 0.0))
   state = sharding.place_state({'params': params, 'opt_state': optimizer.init(params)}, mesh)
   state_sharding = jax.tree.map(lambda x: x.sharding, state)
   if start_step is not None:  # restored into the same layout: the template's shardings
@@ -288,6 +358,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       save_now = step % tc.checkpoint_every == 0 or step == tc.num_steps or stop
       if step % tc.log_every == 0 or save_now:
         if not bool(finite):
+          mngr.wait_until_finished()  # the last good checkpoint's asynchronous save completes before we stop
           raise UserError(
               f'Training diverged: the loss became NaN or infinite between steps {last_good_step} and {step}. '
               f'Nothing was saved after step {last_good_step}; the last good checkpoint is kept in '
@@ -296,10 +367,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
         out = jax.device_get(out)
         scalars = {'loss': float(out['loss']), 'grad_norm': float(out['grad_norm']),
                    'learning_rate': float(learning_rate_schedule(tc.learning_rate, tc.warmup_steps)(step))}
-        scalars.update({f'accuracy_head{i + 1}': float(a) for i, a in enumerate(out['acc_K'])})
+        # NaN: a head not drawn this step (head_loss=random).
+        scalars.update({f'accuracy_head{i + 1}': float(a) for i, a in enumerate(out['acc_K']) if np.isfinite(a)})
         writer.scalars(step, scalars, prefix='train')
         logging.info('%s | loss %.4f | head accuracy %s', progress.line(step), scalars['loss'],
-                     ' '.join(f'{a:.3f}' for a in out['acc_K']))
+                     ' '.join(f'{a:.3f}' if np.isfinite(a) else '-' for a in out['acc_K']))
       if tc.eval_every and (step % tc.eval_every == 0 or step == tc.num_steps):
         eval_metrics = evaluate_during_training(state['params'], eval_step, eval_batches, quick_eval, mesh)
         writer.scalars(step, eval_metrics, prefix='eval')

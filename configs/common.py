@@ -21,6 +21,8 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   train.init_from      workdir of the base model that frozen/finetune start from.
   train.head_loss      mean (mean of the k heads' losses) | random (one random head per step, t2t style).
   train.head1_weight   weight of head 1 against the proposal heads in the mean loss (1 = plain mean).
+  train.head_learning_rate  peak rate of the new proposal heads (frozen, finetune; 0 = train.learning_rate):
+                       fresh heads learn fast at a high rate that would wreck the trained base (train.py).
   decode.*             the sweep of `--mode=decode`: heads k' <= k, criteria, batch sizes, splits.
 """
 
@@ -66,6 +68,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.label_smoothing = 0.1
   c.train.head_loss = 'mean'
   c.train.head1_weight = 1.0  # weight of head 1 in the mean loss (1: the paper's plain mean; see train.py)
+  c.train.head_learning_rate = 0.0  # peak rate of the proposal heads (frozen, finetune); 0: train.learning_rate
   c.train.checkpoint_every = 500
   c.train.keep_checkpoints = 3
   c.train.eval_every = 1000  # 0: never
