@@ -1,9 +1,11 @@
-"""TensorBoard summaries and progress lines with an ETA.
+"""TensorBoard summaries, a plain-text copy of them, and progress lines with an ETA.
 
-Summaries go to {workdir}/tensorboard (tensorboardX: no TensorFlow needed): `tensorboard --logdir WORKDIR`.
-Only process 0 writes, so a multi-host run has one set of event files.
+Summaries go to {workdir}/tensorboard (tensorboardX: no TensorFlow needed): `tensorboard --logdir WORKDIR`, and
+the same scalars, one JSON object per line, to {workdir}/metrics.jsonl (for plots and tables without
+TensorBoard: `read_scalars`). Only process 0 writes, so a multi-host run has one set of files.
 """
 
+import json
 import os
 import time
 
@@ -15,6 +17,7 @@ class Writer:
 
   def __init__(self, workdir: str):
     self._writer = None
+    self._jsonl = os.path.join(workdir, JSONL)
     if jax.process_index() == 0:
       from tensorboardX import SummaryWriter  # imported here: only process 0 needs it
       self._writer = SummaryWriter(os.path.join(workdir, 'tensorboard'))
@@ -25,10 +28,30 @@ class Writer:
     for name, value in values.items():
       self._writer.add_scalar(f'{prefix}/{name}' if prefix else name, value, step)
     self._writer.flush()
+    with open(self._jsonl, 'a', encoding='utf-8') as f:  # appended: a resumed run continues the same file
+      f.write(json.dumps({'step': int(step), 'prefix': prefix, **{k: float(v) for k, v in values.items()}}) + '\n')
 
   def close(self):
     if self._writer is not None:
       self._writer.close()
+
+
+JSONL = 'metrics.jsonl'
+
+
+def read_scalars(workdir: str, prefix: str) -> list[dict]:
+  """The rows of {workdir}/metrics.jsonl with this prefix ('train' or 'eval'), by step; a step logged twice
+  (a run resumed from an earlier checkpoint) keeps its last row."""
+  path = os.path.join(workdir, JSONL)
+  if not os.path.exists(path):
+    return []
+  rows = {}
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      row = json.loads(line)
+      if row.pop('prefix') == prefix:
+        rows[row['step']] = row
+  return [rows[step] for step in sorted(rows)]
 
 
 def format_seconds(seconds: float) -> str:

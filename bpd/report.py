@@ -54,6 +54,32 @@ def plot(records, path, title=''):
   plt.close(fig)
 
 
+def plot_acceptance_vs_steps(eval_rows, path, title=''):
+  """The agreement diagnostic against training steps (from metrics.read_scalars(workdir, 'eval')): per head,
+  agreement with greedy (left), and the exact mean accepted block size with all k heads (right), so a
+  researcher can see what more head-training steps would buy."""
+  rows = [r for r in eval_rows if 'exact_block_size' in r]
+  if not rows:
+    return
+  steps = [r['step'] for r in rows]
+  heads = sorted(int(key[len('agreement_head'):]) for key in rows[-1] if key.startswith('agreement_head'))
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  for head in heads[1:]:
+    axes[0].plot(steps, [r.get(f'agreement_head{head}', float('nan')) for r in rows], marker='o',
+                 label=f'head {head}')
+  axes[0].set_ylabel('agreement with greedy')
+  axes[0].legend(fontsize=8)
+  axes[1].plot(steps, [r['exact_block_size'] for r in rows], marker='o', color='black')
+  axes[1].set_ylabel(f'mean accepted block size (exact, k={heads[-1]})')
+  for ax in axes:
+    ax.set_xlabel('head-training steps')
+    ax.grid(alpha=0.3)
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def write(records, out_dir: str, columns=COLUMNS) -> None:
   """results.json, results.md (`columns` of the table) and one plot per (split, batch size), atomically."""
   def atomic(name, text):

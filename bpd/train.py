@@ -6,8 +6,11 @@ Regimes (paper §6):
             them (the optimizer zeroes every other update, so the base parameters stay bit for bit and
             the scoring model's greedy output stays that of the base model).
   finetune  the same start, all parameters train jointly: acceptance rises, quality may drop a little.
-Loss: the mean of the k heads' cross-entropies, or (head_loss='random') one head drawn per step, as the
-original tensor2tensor code did to save memory.
+Loss: the mean of the k heads' cross-entropies (head 1 weighted by train.head1_weight), or (head_loss='random')
+one head drawn per step, as the paper's code did (§6): then only the drawn head is projected onto the
+vocabulary, one projection instead of k. The new heads can have their own peak rate (train.head_learning_rate).
+Evaluation logs, besides loss and per-head accuracy, the diagnostic that predicts exact acceptance: per head,
+agreement with the scoring model's own greedy output, and the exact mean accepted block size with all k heads.
 
 Images (config.data.source=images, paper §7.2): the same loop on 8x8 -> 32x32 super-resolution; the source
 is 192 and the target 3072 pixel ids of a fixed vocabulary (no tokenizer), batches have fixed shapes, and the

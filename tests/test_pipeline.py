@@ -30,6 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def tiny_config(**overrides):
   """The demo config, shrunk: 2k synthetic pairs, one length bucket (one compile), a few steps."""
   c = demo.get_config()
+  c.model.size = 'tiny'  # the demo's own size is larger; tests keep compiles and steps short
   c.data.synthetic_train_size = 2000
   c.data.vocab_size = 200
   c.data.bucket_lengths = (40,)
@@ -150,7 +151,7 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_pa
 
 def _main(workdir, *flags, env=None):
   cmd = [sys.executable, '-m', 'bpd.main', '--config=configs/demo.py', f'--workdir={workdir}',
-         '--config.data.synthetic_train_size=2000', '--config.data.vocab_size=200',
+         '--config.model.size=tiny', '--config.data.synthetic_train_size=2000', '--config.data.vocab_size=200',
          '--config.data.bucket_lengths=(40,)', '--config.train.batch_size=16', '--config.train.eval_every=0',
          '--config.train.log_every=1', *flags]
   return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -158,10 +158,10 @@ def test_batch_size_not_divisible_by_devices_is_a_clear_error(cache_dir):
 
 # -- two processes through the real entry point ------------------------------------------------------------
 
-FLAGS = ['--config=configs/demo.py', '--config.data.synthetic_train_size=2000', '--config.data.vocab_size=200',
-         '--config.data.bucket_lengths=(40,)', '--config.train.batch_size=16', '--config.train.eval_every=0',
-         '--config.train.checkpoint_every=3', '--config.train.log_every=1', '--config.decode.ks=(1,)',
-         '--config.decode.criteria=("exact",)', '--config.decode.batch_sizes=(8,)',
+FLAGS = ['--config=configs/demo.py', '--config.model.size=tiny', '--config.data.synthetic_train_size=2000',
+         '--config.data.vocab_size=200', '--config.data.bucket_lengths=(40,)', '--config.train.batch_size=16',
+         '--config.train.eval_every=0', '--config.train.checkpoint_every=3', '--config.train.log_every=1',
+         '--config.decode.ks=(1,)', '--config.decode.criteria=("exact",)', '--config.decode.batch_sizes=(8,)',
          '--config.decode.max_examples=12', '--config.decode.max_len=24']
 
 
