@@ -229,8 +229,8 @@ def test_image_exact_blockwise_equals_greedy(decoded_images):
 
 def test_image_distance_accepts_within_eps(image_model, decoded_images):
   """Every token distance:2 accepted is within 2 of head 1's argmax given the decoded prefix (re-scored with the
-  full, non-cached model). (That distance:2 accepts tokens exact would not, with longer blocks, depends on the
-  subject; the stub tests in test_decoding.py check it by construction.)"""
+  full, non-cached model). (Whether distance:2 accepts tokens exact would not, and with longer blocks, depends on
+  the subject; test_decoding.py checks every criterion's blocks against an uncached reference on stub models.)"""
   model, params = image_model
   d = decoded_images
   tokens = np.asarray(d['distance'].tokens_BxL)
