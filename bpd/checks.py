@@ -133,6 +133,14 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
 
 
 def check_distill(config, workdir: str) -> None:
+  # First, before the checkpoint or the data are looked at: the other checks would only say what is missing.
+  if config.data.source == 'images':
+    raise UserError(
+        '--mode=distill is sequence-level knowledge distillation for translation (paper §6.2: the teacher\'s '
+        'beam-search translations replace the training targets); it is not defined for super-resolution '
+        '(config.data.source=images). For images, train the heads on the ground truth (--mode=train with '
+        'config.train.regime=frozen or finetune and config.train.init_from=BASE_WORKDIR) and decode with the '
+        'approximate criterion distance:2 (--mode=decode; the paper\'s Table 2).')
   checkpoint.read_model_config(workdir)
   if config.distill.beam_size < 1:
     raise UserError(f'config.distill.beam_size={config.distill.beam_size} must be at least 1.')

@@ -1,4 +1,4 @@
-"""Decoding a checkpoint: jitted decoders, BLEU, and the `--mode=decode` sweep.
+"""Decoding a checkpoint: BLEU and the `--mode=decode` sweep (the jitted decoders: bpd/decoder.py).
 
 The sweep decodes each evaluation split with greedy decoding (the baseline, always) and with blockwise
 parallel decoding for every (k' heads, criterion) of the config, at every batch size, and writes into
@@ -18,21 +18,17 @@ simply divide among the devices; batch sizes are rounded up to a multiple of the
 dropped after). Every process decodes; process 0 alone writes files.
 """
 
-import functools
-import json
 import os
-import time
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import numpy as np
 import sacrebleu
 
 from bpd import checkpoint
 from bpd import checks
-from bpd import decoding
-from bpd import metrics
+from bpd import decoder as decoder_lib
+from bpd import evaluate_images
 from bpd import model as model_lib
 from bpd import report
 from bpd import sharding
@@ -40,92 +36,19 @@ from bpd.data import batching
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
 
-DECODE_DIR = 'decode'
-PROGRESS_EVERY_S = 30  # a progress line (with ETA) at most this often during long decodes
-
-
-class Decoder:
-  """Jitted greedy, blockwise and beam decoding of one model at one maximum output length.
-
-  Each method takes the whole batch as a host array (the same on every process). With a `mesh`, the batch
-  is split along 'data' and the outputs come back replicated, so that every process can read them all.
-  """
-
-  def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None, eos_id: int = tokenizer_lib.EOS_ID):
-    # eos_id=-1 (images) never matches a token: decoding always runs for max_len tokens.
-    self.model, self.max_len, self.mesh, self.eos_id = model, max_len, mesh, eos_id
-    out = None if mesh is None else sharding.replicated(mesh)
-    self._greedy_jit = jax.jit(self._greedy, out_shardings=out)
-    self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('k', 'criterion'), out_shardings=out)
-    self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
-
-  def _put(self, src_BxS):
-    return jnp.asarray(src_BxS) if self.mesh is None else sharding.shard_global_batch(src_BxS, self.mesh)
-
-  def greedy(self, params, src_BxS):
-    """(tokens_BxL, length_B)."""
-    return self._greedy_jit(params, self._put(src_BxS))
-
-  def blockwise(self, params, src_BxS, k, criterion):
-    """A decoding.BlockwiseResult."""
-    return self._blockwise_jit(params, self._put(src_BxS), k=k, criterion=criterion)
-
-  def beam(self, params, src_BxS, beam_size, alpha):
-    """The best beam's tokens_BxL."""
-    return self._beam_jit(params, self._put(src_BxS), beam_size=beam_size, alpha=alpha)
-
-  def _greedy(self, params, src_BxS):
-    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
-    state = init_state(src_BxS, self.max_len + 1)
-    tokens, length, _ = decoding.greedy(score_fn, state, batch_size=src_BxS.shape[0], max_len=self.max_len,
-                                        bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
-    return tokens, length
-
-  def _blockwise(self, params, src_BxS, k, criterion):
-    init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
-    state = init_state(src_BxS, self.max_len + k + 1)
-    return decoding.blockwise(score_fn, propose_fn, state, batch_size=src_BxS.shape[0], k=k,
-                              max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
-                              criterion=criterion)
-
-  def _beam(self, params, src_BxS, beam_size, alpha):
-    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
-    state = init_state(src_BxS, self.max_len + 1)
-    tokens, _ = decoding.beam_search(score_fn, state, batch_size=src_BxS.shape[0], beam_size=beam_size,
-                                     max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID,
-                                     eos_id=self.eos_id, alpha=alpha)
-    return tokens[:, 0]
+# Moved to bpd/decoder.py (shared with bpd/evaluate_images.py, which this module imports); the names stay here
+# for the callers that use them as evaluate.Decoder, evaluate.run_batches, ... .
+DECODE_DIR = decoder_lib.DECODE_DIR
+Decoder = decoder_lib.Decoder
+source_bucket = decoder_lib.source_bucket
+run_batches = decoder_lib.run_batches
+setting_name = decoder_lib.setting_name
+time_side_by_side = decoder_lib.time_side_by_side
 
 
 def bleu(hypotheses, references) -> float:
   """Corpus BLEU with sacrebleu's defaults (13a tokenization) on detokenized text."""
   return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score
-
-
-def source_bucket(src_ids) -> int:
-  """One padded source length for a whole split (a multiple of 8): one compiled shape per setting."""
-  longest = max((len(s) for s in src_ids), default=1)
-  return int(-(-longest // 8) * 8)
-
-
-def run_batches(fn, src_ids, batch_size, what=''):
-  """Applies fn(src_BxS) -> pytree with leading B to every batch; returns (outputs in source order, seconds).
-
-  Padding rows of the last batch are dropped. Logs progress with an ETA for long decodes.
-  """
-  batches = batching.eval_batches(src_ids, None, batch_size, (source_bucket(src_ids),))
-  outputs = [None] * len(src_ids)
-  progress = metrics.Progress(0, len(batches), what)
-  start = last_report = time.perf_counter()
-  for n, (indices, src) in enumerate(batches):
-    out = jax.device_get(fn(src))
-    for row, index in enumerate(indices):
-      if index >= 0:
-        outputs[index] = jax.tree.map(lambda x, row=row: x[row] if x.ndim else x, out)
-    if what and time.perf_counter() - last_report > PROGRESS_EVERY_S:
-      last_report = time.perf_counter()
-      logging.info('%s', progress.line(n + 1))
-  return outputs, time.perf_counter() - start
 
 
 def greedy_translate(decoder, params, tokenizer, src_ids, batch_size, bucket_lengths=None):
@@ -142,26 +65,9 @@ def _warm_up(fn, src_ids, batch_size):
   jax.block_until_ready(fn(src))
 
 
-def setting_name(k: int, criterion) -> str:
-  return 'greedy' if criterion is None else f'k{k}.{criterion}'.replace(':', '')
-
-
 def _decode_setting(fn, src_ids, batch_size, what):
   _warm_up(fn, src_ids, batch_size)
   return run_batches(fn, src_ids, batch_size, what)
-
-
-def time_side_by_side(greedy_fn, blockwise_fn, src_ids, batch_size, repeats):
-  """Median seconds of greedy and of blockwise decoding of the same examples, run alternately.
-
-  Both are compiled and warmed up already. Alternating greedy and blockwise runs, and taking medians,
-  keeps a changing machine load (other jobs, thermal state) out of the ratio.
-  """
-  greedy_s, blockwise_s = [], []
-  for _ in range(max(repeats, 1)):
-    greedy_s.append(run_batches(greedy_fn, src_ids, batch_size)[1])
-    blockwise_s.append(run_batches(blockwise_fn, src_ids, batch_size)[1])
-  return float(np.median(greedy_s)), float(np.median(blockwise_s))
 
 
 def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
@@ -246,7 +152,6 @@ def decode_sweep(config, workdir: str) -> list[dict]:
 
 def _decode_sweep(config, workdir: str) -> list[dict]:
   if config.data.source == 'images':  # super-resolution: PSNR/SSIM and image grids (bpd/evaluate_images.py)
-    from bpd import evaluate_images  # pylint: disable=g-import-not-at-top  (it imports this module)
     return evaluate_images.decode_sweep(config, workdir)
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)

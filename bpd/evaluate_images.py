@@ -1,7 +1,7 @@
 """Decoding sweep for super-resolution (CelebA 8x8 -> 32x32, paper §7.2): PSNR/SSIM, image grids.
 
 `bpd.evaluate.decode_sweep` hands over here when config.data.source == 'images'. The decoding itself is
-bpd/evaluate.py's `Decoder` over bpd/decoding.py (one decode loop for text and images); this module only
+bpd/decoder.py's `Decoder` over bpd/decoding.py (one decode loop for text and images); this module only
 feeds it pixel ids and scores the outputs as images.
 
 Images have no EOS: every output is max_len = 3072 sub-pixels (config.decode.max_len; a smaller value decodes
@@ -28,7 +28,7 @@ import numpy as np
 
 from bpd import checkpoint
 from bpd import checks
-from bpd import evaluate
+from bpd import decoder as decoder_lib
 from bpd import model as model_lib
 from bpd import report
 from bpd import sharding
@@ -61,14 +61,14 @@ def pooled_psnr(a_NxHxWx3, b_NxHxWx3) -> float:
 def _decode_all(fn, src_NxS, batch_size, what):
   """fn(src_BxS) over every example: (outputs in source order, seconds), compile and warm-up excluded."""
   rows = list(src_NxS)
-  evaluate.run_batches(fn, rows[:batch_size], batch_size)  # compile + one run on the timed shapes
-  return evaluate.run_batches(fn, rows, batch_size, what)
+  decoder_lib.run_batches(fn, rows[:batch_size], batch_size)  # compile + one run on the timed shapes
+  return decoder_lib.run_batches(fn, rows, batch_size, what)
 
 
 def greedy_psnr(decoder, params, lowres_Nx8x8x3, highres_Nx32x32x3, batch_size) -> float:
   """Mean PSNR of greedy outputs on a few images (the optional quick evaluation during training)."""
   src_NxS = images.image_to_tokens(lowres_Nx8x8x3)
-  outputs, _ = evaluate.run_batches(lambda src: decoder.greedy(params, src)[0], list(src_NxS), batch_size)
+  outputs, _ = decoder_lib.run_batches(lambda src: decoder.greedy(params, src)[0], list(src_NxS), batch_size)
   return float(np.mean(images.psnr(outputs_to_images(np.stack(outputs)), highres_Nx32x32x3)))
 
 
@@ -76,7 +76,7 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
                  model_k, step, timing_examples=0, timing_repeats=1):
   """Greedy plus every (k', criterion) of the sweep on one split at one batch size.
 
-  Speed as in translation (evaluate.time_side_by_side): greedy and blockwise alternate on the first
+  Speed as in translation (bpd/decoder.py, time_side_by_side): greedy and blockwise alternate on the first
   `timing_examples` images (0: all), `timing_repeats` times; seconds are medians, speedup their ratio.
   Returns (records, {setting name: uint8 [N, 32, 32, 3] outputs}).
   """
@@ -95,7 +95,7 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
             float(np.mean(images.ssim(outputs_Nx32x32x3, highres_Nx32x32x3))))
 
   greedy_out, _ = _decode_all(greedy_fn, src_NxS, batch_size, f'{split} greedy b{batch_size}')
-  greedy_seconds = float(np.median([evaluate.run_batches(greedy_fn, timing_rows, batch_size)[1]
+  greedy_seconds = float(np.median([decoder_lib.run_batches(greedy_fn, timing_rows, batch_size)[1]
                                     for _ in range(max(timing_repeats, 1))]))
   greedy_tokens_NxL = np.stack([o[0] for o in greedy_out])
   greedy_images = outputs_to_images(greedy_tokens_NxL)
@@ -114,10 +114,10 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
                greedy_seconds)
 
   for k, criterion in sweep:
-    name = evaluate.setting_name(k, criterion)
+    name = decoder_lib.setting_name(k, criterion)
     blockwise_fn = lambda src, k=k, criterion=criterion: decoder.blockwise(params, src, k=k, criterion=criterion)
     outputs, _ = _decode_all(blockwise_fn, src_NxS, batch_size, f'{split} {name} b{batch_size}')
-    g_seconds, seconds = evaluate.time_side_by_side(greedy_fn, blockwise_fn, timing_rows, batch_size,
+    g_seconds, seconds = decoder_lib.time_side_by_side(greedy_fn, blockwise_fn, timing_rows, batch_size,
                                                     timing_repeats)
     tokens_NxL = np.stack([o.tokens_BxL for o in outputs])
     out_images = outputs_to_images(tokens_NxL)
@@ -168,8 +168,8 @@ def decode_sweep(config, workdir: str) -> list[dict]:
   check_image_decode(config)
   mesh = sharding.make_mesh(config.get('model_axis_size', 1))
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
-  decoder = evaluate.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh, eos_id=NO_EOS)
-  out_dir = os.path.join(workdir, evaluate.DECODE_DIR)
+  decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh, eos_id=NO_EOS)
+  out_dir = os.path.join(workdir, decoder_lib.DECODE_DIR)
   if jax.process_index() == 0:
     os.makedirs(out_dir, exist_ok=True)
   records = []

@@ -79,19 +79,25 @@ def _greedy_and_blockwise(params, src, *, model, k, max_len, criterion):
   return greedy, block
 
 
-def test_trained_toy_model_decodes_correctly_and_heads_help(toy_model):
-  """Sanity of the test subject itself: it reverses its input and its extra heads get accepted."""
+def test_trained_toy_model_is_a_fair_test_subject(toy_model):
+  """Sanity of the test subject itself: partly learned (chance is 1/21 per word), it ends rows with EOS at
+  different lengths, and its extra heads are accepted sometimes, not always: what makes exact == greedy on it a
+  real test. How 300 Adam steps go depends on float rounding, which differs between CPUs; the thresholds are
+  set from how far the trajectory can move: over training seeds 0..6 (a stand-in for another CPU's rounding,
+  which perturbs training the same way) word accuracy ranged 0.16-0.43, rows ending in EOS 0.94-1.0 (at 6 distinct
+  lengths in the two weakest runs) and the mean accepted block 1.39-1.80, each well inside the bounds below."""
   model, params, _ = toy_model
   src, tgt = toy_batch(np.random.RandomState(7), 16)
-  (greedy_tokens, _, _), block = _greedy_and_blockwise(params, jnp.asarray(src), model=model, k=4, max_len=12,
-                                                       criterion=decoding.Criterion())
+  (greedy_tokens, greedy_length, _), block = _greedy_and_blockwise(
+      params, jnp.asarray(src), model=model, k=4, max_len=12, criterion=decoding.Criterion())
   greedy_tokens = np.asarray(greedy_tokens)[:, :SRC_LEN]
   words = tgt > EOS
-  # 300 steps: partly learned (chance is 1/21), which is what a decoding test wants.
-  assert (greedy_tokens == tgt)[words].mean() >= 0.2
-  assert (greedy_tokens == EOS).any(axis=1).all()
+  assert (greedy_tokens == tgt)[words].mean() >= 0.1
+  ends_with_eos_B = (greedy_tokens == EOS).any(axis=1)
+  assert ends_with_eos_B.mean() >= 0.75
+  assert len(np.unique(np.asarray(greedy_length)[ends_with_eos_B])) >= 3  # EOS at different positions
   stats = decoding.summarize(block)
-  assert 1.2 < stats['mean_accepted_block_size'] < 4  # heads right sometimes, not always
+  assert 1.1 < stats['mean_accepted_block_size'] < 3.5  # heads right sometimes, not always
 
 
 @hypothesis.given(

@@ -4,6 +4,8 @@ npy and mock-TFDS data, frozen heads, the decode sweep's PSNR/SSIM records and i
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import jax
@@ -210,6 +212,21 @@ def test_error_bad_image_source_and_decode_length(tmp_path, trained):
                 tiny_config(data, **{'data.image_source': 'png'}), str(tmp_path / 'w'))
   _expect_error(r'max_len=4000: a 32x32x3 image has 3072 sub-pixels', evaluate.decode_sweep,
                 tiny_config(data, **{'k': 3, 'decode.max_len': 4000}), heads_dir)
+
+
+def test_distill_on_images_is_a_clear_error_before_anything_runs(tmp_path):
+  """Through the real command line, on an empty workdir with no data: the first thing the user hears is that
+  distillation is for translation and what to do for images, not a missing checkpoint or a WMT14 error."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  workdir = tmp_path / 'sr'
+  cmd = [sys.executable, '-m', 'bpd.main', '--config=configs/celeba_sr.py:runlocal', f'--workdir={workdir}',
+         '--mode=distill', f'--config.data.dir={tmp_path / "no_data"}']
+  proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  assert 'error: --mode=distill is sequence-level knowledge distillation for translation' in proc.stderr
+  assert 'not defined for super-resolution' in proc.stderr and 'distance:2' in proc.stderr
+  assert 'Traceback' not in proc.stderr and 'WMT14' not in proc.stderr
+  assert not workdir.exists()  # nothing was written
 
 
 def test_study_skips_trained_stages_decodes_and_writes_table_and_grid(trained, tmp_path):

@@ -1,0 +1,120 @@
+"""Jitted decoders of a checkpoint and the helpers every decoding path shares: batching, timing, names.
+
+Used by the translation sweep (bpd/evaluate.py), the super-resolution sweep (bpd/evaluate_images.py),
+distillation and training's quick evaluations. It imports neither sweep, so both can import it (and
+bpd/evaluate.py can hand images over to bpd/evaluate_images.py) without an import circle
+(tests/test_imports.py).
+"""
+
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bpd import decoding
+from bpd import metrics
+from bpd import model as model_lib
+from bpd import sharding
+from bpd.data import batching
+from bpd.data import tokenizer as tokenizer_lib
+
+DECODE_DIR = 'decode'
+PROGRESS_EVERY_S = 30  # a progress line (with ETA) at most this often during long decodes
+
+
+class Decoder:
+  """Jitted greedy, blockwise and beam decoding of one model at one maximum output length.
+
+  Each method takes the whole batch as a host array (the same on every process). With a `mesh`, the batch
+  is split along 'data' and the outputs come back replicated, so that every process can read them all.
+  """
+
+  def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None, eos_id: int = tokenizer_lib.EOS_ID):
+    # eos_id=-1 (images) never matches a token: decoding always runs for max_len tokens.
+    self.model, self.max_len, self.mesh, self.eos_id = model, max_len, mesh, eos_id
+    out = None if mesh is None else sharding.replicated(mesh)
+    self._greedy_jit = jax.jit(self._greedy, out_shardings=out)
+    self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('k', 'criterion'), out_shardings=out)
+    self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
+
+  def _put(self, src_BxS):
+    return jnp.asarray(src_BxS) if self.mesh is None else sharding.shard_global_batch(src_BxS, self.mesh)
+
+  def greedy(self, params, src_BxS):
+    """(tokens_BxL, length_B)."""
+    return self._greedy_jit(params, self._put(src_BxS))
+
+  def blockwise(self, params, src_BxS, k, criterion):
+    """A decoding.BlockwiseResult."""
+    return self._blockwise_jit(params, self._put(src_BxS), k=k, criterion=criterion)
+
+  def beam(self, params, src_BxS, beam_size, alpha):
+    """The best beam's tokens_BxL."""
+    return self._beam_jit(params, self._put(src_BxS), beam_size=beam_size, alpha=alpha)
+
+  def _greedy(self, params, src_BxS):
+    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
+    state = init_state(src_BxS, self.max_len + 1)
+    tokens, length, _ = decoding.greedy(score_fn, state, batch_size=src_BxS.shape[0], max_len=self.max_len,
+                                        bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
+    return tokens, length
+
+  def _blockwise(self, params, src_BxS, k, criterion):
+    init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
+    state = init_state(src_BxS, self.max_len + k + 1)
+    return decoding.blockwise(score_fn, propose_fn, state, batch_size=src_BxS.shape[0], k=k,
+                              max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
+                              criterion=criterion)
+
+  def _beam(self, params, src_BxS, beam_size, alpha):
+    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
+    state = init_state(src_BxS, self.max_len + 1)
+    tokens, _ = decoding.beam_search(score_fn, state, batch_size=src_BxS.shape[0], beam_size=beam_size,
+                                     max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID,
+                                     eos_id=self.eos_id, alpha=alpha)
+    return tokens[:, 0]
+
+
+def source_bucket(src_ids) -> int:
+  """One padded source length for a whole split (a multiple of 8): one compiled shape per setting."""
+  longest = max((len(s) for s in src_ids), default=1)
+  return int(-(-longest // 8) * 8)
+
+
+def run_batches(fn, src_ids, batch_size, what=''):
+  """Applies fn(src_BxS) -> pytree with leading B to every batch; returns (outputs in source order, seconds).
+
+  Padding rows of the last batch are dropped. Logs progress with an ETA for long decodes.
+  """
+  batches = batching.eval_batches(src_ids, None, batch_size, (source_bucket(src_ids),))
+  outputs = [None] * len(src_ids)
+  progress = metrics.Progress(0, len(batches), what)
+  start = last_report = time.perf_counter()
+  for n, (indices, src) in enumerate(batches):
+    out = jax.device_get(fn(src))
+    for row, index in enumerate(indices):
+      if index >= 0:
+        outputs[index] = jax.tree.map(lambda x, row=row: x[row] if x.ndim else x, out)
+    if what and time.perf_counter() - last_report > PROGRESS_EVERY_S:
+      last_report = time.perf_counter()
+      logging.info('%s', progress.line(n + 1))
+  return outputs, time.perf_counter() - start
+
+
+def setting_name(k: int, criterion) -> str:
+  return 'greedy' if criterion is None else f'k{k}.{criterion}'.replace(':', '')
+
+
+def time_side_by_side(greedy_fn, blockwise_fn, src_ids, batch_size, repeats):
+  """Median seconds of greedy and of blockwise decoding of the same examples, run alternately.
+
+  Both are compiled and warmed up already. Alternating greedy and blockwise runs, and taking medians,
+  keeps a changing machine load (other jobs, thermal state) out of the ratio.
+  """
+  greedy_s, blockwise_s = [], []
+  for _ in range(max(repeats, 1)):
+    greedy_s.append(run_batches(greedy_fn, src_ids, batch_size)[1])
+    blockwise_s.append(run_batches(blockwise_fn, src_ids, batch_size)[1])
+  return float(np.median(greedy_s)), float(np.median(blockwise_s))
