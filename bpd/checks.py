@@ -49,6 +49,9 @@ def check_train(config, workdir: str) -> None:
     raise UserError(f'config.train.regime={tc.regime!r} is not one of {REGIMES}.')
   if tc.head_loss not in HEAD_LOSSES:
     raise UserError(f'config.train.head_loss={tc.head_loss!r} is not one of {HEAD_LOSSES}.')
+  if tc.get('head_learning_rate', 0.0) < 0:
+    raise UserError(f'config.train.head_learning_rate={tc.head_learning_rate} must be >= 0 (0: the heads use '
+                    'config.train.learning_rate).')
   for field in ('num_steps', 'batch_size', 'checkpoint_every', 'log_every', 'warmup_steps'):
     if tc[field] < 1:
       raise UserError(f'config.train.{field}={tc[field]} must be at least 1.')
@@ -103,10 +106,10 @@ def check_matmul_precision(config) -> str:
 def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding.Criterion]]:
   """The (k', criterion) pairs of the sweep; UserError for a bad criterion or a k' beyond the checkpoint's k."""
   dc = config.decode
-  # A plain Transformer (k = 1) has no proposal heads: no blockwise setting can run, so it decodes greedily
-  # whatever the sweep's ks and criteria say (they are still checked for typos).
-  for k in dc.ks if model_k > 1 else ():
-    if not 1 <= k <= model_k:
+  # A plain Transformer (k = 1) has no proposal heads: of a blockwise sweep only the k' = 1 settings can run
+  # (the rest are left out, logged); ks and criteria are still checked for typos.
+  for k in dc.ks:
+    if k < 1 or (model_k > 1 and k > model_k):
       raise UserError(f'config.decode.ks contains {k}, but the checkpoint in {workdir} has k={model_k} heads: '
                       f'a sweep can use k\' = 1..{model_k} heads. Drop {k} or train a model with more heads.')
   criteria = [decoding.parse_criterion(spec, k=model_k if model_k > 1 else None)  # raises on a bad spec
@@ -126,10 +129,11 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
   check_workdir(workdir)
   # min_block:l only makes sense where l <= k'; those pairs are left out of the sweep (and logged).
-  if model_k == 1:
-    logging.info('The model in %s has k=1 (no proposal heads): decoding greedily only.', workdir)
-    return []
-  return [(k, c) for k in dc.ks for c in criteria if c.min_block <= k]
+  sweep = [(k, c) for k in dc.ks for c in criteria if c.min_block <= k and k <= model_k]
+  if model_k == 1 and len(sweep) < len(dc.ks) * len(criteria):
+    logging.info('The model in %s has k=1 (no proposal heads): the sweep keeps only k\'=1 (greedy is always '
+                 'decoded).', workdir)
+  return sweep
 
 
 def check_distill(config, workdir: str) -> None:

@@ -28,6 +28,8 @@ class Writer:
     for name, value in values.items():
       self._writer.add_scalar(f'{prefix}/{name}' if prefix else name, value, step)
     self._writer.flush()
+    if '://' in self._jsonl:  # object stores (gs://) cannot append; TensorBoard has the scalars there
+      return
     with open(self._jsonl, 'a', encoding='utf-8') as f:  # appended: a resumed run continues the same file
       f.write(json.dumps({'step': int(step), 'prefix': prefix, **{k: float(v) for k, v in values.items()}}) + '\n')
 

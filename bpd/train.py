@@ -245,6 +245,7 @@ def agreement_with_greedy(agreement_step, params, src_ids, greedy_ids, batch_siz
   """The diagnostic that predicts exact acceptance: per head i, how often head i's argmax at decoder position t
   equals the token greedy decoding of the scoring model emits at t + i, on greedy's own prefixes.
 
+  (Decoder position t holds input y_t, y_0 = BOS; head i there predicts y_{t+i}, target index t + i - 1.)
   Exact acceptance (paper §5) tests exactly this: ŷ_{j+i} from head i is kept iff it equals greedy's token there.
   Accuracy against references measures something else (a head can match the reference where greedy does not).
   Teacher-forces the model on its own greedy outputs (EOS included, nothing after it); head 1 agrees everywhere
@@ -254,6 +255,8 @@ def agreement_with_greedy(agreement_step, params, src_ids, greedy_ids, batch_siz
   tokens = [t[:int(np.argmax(t == tokenizer_lib.EOS_ID)) + 1] if np.any(t == tokenizer_lib.EOS_ID) else t[t > 0]
             for t in tokens]
   # One padded length for every batch (one compiled shape): the source bucket or the longest output.
+  if not src_ids:
+    return {}
   length = max(evaluate.source_bucket(src_ids), max(len(t) for t in greedy_ids))
   correct_K, count_K = 0.0, 0.0
   for _, src, tgt in batching.eval_batches(src_ids, tokens, batch_size, (length,)):
@@ -332,7 +335,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
   state = sharding.place_state({'params': params, 'opt_state': optimizer.init(params)}, mesh)
   state_sharding = jax.tree.map(lambda x: x.sharding, state)
   if start_step is not None:  # restored into the same layout: the template's shardings
-    state = checkpoint.restore(mngr, state, start_step)
+    try:
+      state = checkpoint.restore(mngr, state, start_step)
+    except (ValueError, KeyError, TypeError) as e:  # orbax: the saved tree differs from this config's
+      raise UserError(
+          f'Cannot resume from step {start_step} in {mngr.directory}: the saved training state does not match this '
+          f'config (optimizer settings such as config.train.regime or config.train.head_learning_rate, or the '
+          f'model, differ from the run that saved it; {type(e).__name__}: {str(e)[:200]}). Rerun with the settings of '
+          'that run, or use a new --workdir.') from None
     logging.info('Resumed from %s at step %d.', mngr.directory, start_step)
   start_step = start_step or 0
 
@@ -370,6 +380,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
         out = jax.device_get(out)
         scalars = {'loss': float(out['loss']), 'grad_norm': float(out['grad_norm']),
                    'learning_rate': float(learning_rate_schedule(tc.learning_rate, tc.warmup_steps)(step))}
+        if tc.regime != 'base' and tc.get('head_learning_rate', 0.0):
+          scalars['head_learning_rate'] = float(learning_rate_schedule(tc.head_learning_rate, tc.warmup_steps)(step))
         # NaN: a head not drawn this step (head_loss=random).
         scalars.update({f'accuracy_head{i + 1}': float(a) for i, a in enumerate(out['acc_K']) if np.isfinite(a)})
         writer.scalars(step, scalars, prefix='train')

@@ -132,7 +132,7 @@ def test_frozen_heads_move_and_learn(heads_run):
                                           train=False)[1]['loss_K']
   before, after = np.asarray(loss(start)), np.asarray(loss(params))
   assert after[0] == pytest.approx(before[0], rel=1e-6)  # head 1 is the frozen base
-  assert np.all(after[1:] < before[1:] - 0.5)  # 30 Adam steps at 3e-3 from a random init: a wide margin
+  assert np.all(after[1:] < before[1:])  # 30 Adam steps on the heads alone from a random init
 
 
 def _train_ids(config, workdir):
@@ -150,6 +150,45 @@ def test_training_logs_agreement_with_greedy_and_the_exact_block_size(heads_run)
   for i in (2, 3):
     assert 0.0 <= eval_metrics[f'agreement_head{i}'] <= 1.0
   assert 1.0 <= eval_metrics['exact_block_size'] <= 3.0
+
+
+def test_agreement_with_greedy_equals_a_reference_count(heads_run):
+  """Against a direct count: teacher-force greedy's own output, and compare head i's argmax at position t with
+  greedy's token at target index t + i - 1 wherever greedy produced one (EOS included)."""
+  _, heads_dir, _, _ = heads_run
+  model_config, params, _ = checkpoint.load_params(heads_dir)
+  model = model_lib.Transformer(model_config)
+  decoder = evaluate.Decoder(model, max_len=24, mesh=sharding.make_mesh(1))
+  src_ids = _train_ids(tiny_config(k=3), heads_dir)[0][:20]
+  greedy_ids = evaluate.run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, 8)[0]
+  got = train.agreement_with_greedy(train.make_eval_step(model, label_smoothing=0.0, mesh=decoder.mesh), params,
+                                    src_ids, greedy_ids, 8, decoder.mesh)
+  correct, total = np.zeros(3), np.zeros(3)
+  for src, out in zip(src_ids, greedy_ids):
+    out = np.asarray(out)
+    tokens = out[:int(np.argmax(out == 1)) + 1] if np.any(out == 1) else out[out > 0]  # EOS id 1, then padding
+    tgt_in = np.concatenate([[2], tokens[:-1]])[None]  # BOS id 2
+    best_TxK = np.asarray(jnp.argmax(model.apply({'params': params}, np.asarray(src)[None], tgt_in), -1))[0]
+    for i in range(3):
+      for t in range(len(tokens) - i):
+        correct[i] += best_TxK[t, i] == tokens[t + i]
+        total[i] += 1
+  for i in range(3):
+    assert got[f'agreement_head{i + 1}'] == pytest.approx(correct[i] / total[i], abs=1.5 / total[i])
+
+
+def test_optimizer_state_layouts_of_earlier_versions_are_kept(random_model):
+  """Runs saved before head_learning_rate existed resume: base, single-rate finetune and frozen (with or without
+  a head rate) keep their optimizer state's tree structure."""
+  _, params, _ = random_model
+  adam = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(lambda step: 1e-3))  # a schedule, as train's
+  labels = {name: ('heads' if name == 'multi_output' else 'base') for name in params}
+  frozen = optax.multi_transform({'heads': adam, 'base': optax.set_to_zero()}, labels)
+  structure = lambda opt: jax.tree.structure(opt.init(params))
+  assert structure(train.make_optimizer('base', params, 1e-3, 10)) == structure(adam)
+  assert structure(train.make_optimizer('finetune', params, 1e-3, 10)) == structure(adam)
+  for head_rate in (0.0, 3e-3):
+    assert structure(train.make_optimizer('frozen', params, 1e-3, 10, head_rate)) == structure(frozen)
 
 
 def test_a_k1_model_decodes_greedily_under_a_blockwise_sweep_config(heads_run):
