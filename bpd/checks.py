@@ -77,7 +77,7 @@ def check_init_from(model_config: model_lib.ModelConfig, init_from: str, workdir
     return
   base = checkpoint.read_model_config(init_from, 'config.train.init_from')
   fields = ('vocab_size', 'd_model', 'num_heads', 'num_encoder_layers', 'num_decoder_layers', 'd_ff',
-            'attention_block', 'image_side', 'image_input_side')
+            'attention_block', 'image_side', 'image_input_side', 'colocated_input')
   diffs = [f'{f}: {getattr(base, f)} there, {getattr(model_config, f)} here' for f in fields
            if getattr(base, f) != getattr(model_config, f)]
   mine = os.path.join(workdir, tokenizer_lib.MODEL_NAME)
@@ -87,7 +87,8 @@ def check_init_from(model_config: model_lib.ModelConfig, init_from: str, workdir
   if diffs:
     raise UserError(f'config.train.init_from={init_from!r} holds a model of a different size or vocabulary ('
                     + '; '.join(diffs) + '). Use the same config.model.size (for images also '
-                    'config.model.image_positions: image_side 0 means the base used 1D positions) and tokenizer as '
+                    'config.model.image_positions: image_side 0 means the base used 1D positions; and '
+                    'config.model.colocated_input) and tokenizer as '
                     'the base run, or point init_from at a matching base model.')
 
 

@@ -59,6 +59,20 @@ def image_positions(positions_BxT: jax.Array, side: int, scale: int, d_model: in
                           sinusoidal_positions(col_channel_BxT, d_model - half)], axis=-1)
 
 
+def colocated_source_index(positions_BxT: jax.Array, side: int, input_side: int) -> jax.Array:
+  """Source index of the input sub-pixel co-located with each target sub-pixel (config.colocated_input).
+
+  Target position p is sub-pixel (row, col, channel) of the side x side x 3 output, p // 3 = row * side + col
+  and channel = p % 3 (raster order, R, G, B per pixel); the input pixel covering it is (row // s, col // s)
+  with s = side // input_side, so its same-channel sub-pixel is ((row // s) * input_side + col // s) * 3 +
+  channel in the input_side x input_side x 3 source. For CelebA (32 from 8): ((row // 4) * 8 + col // 4) * 3
+  + channel. Positions past the image map past the source; the caller clips them.
+  """
+  scale = side // input_side
+  row_BxT, col_BxT = (positions_BxT // 3) // side, (positions_BxT // 3) % side
+  return ((row_BxT // scale) * input_side + col_BxT // scale) * 3 + positions_BxT % 3
+
+
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype) -> jax.Array:
   """Scaled dot-product attention; softmax in float32. Returns [B, T, H, K]."""
   depth = q_BxTxHxK.shape[-1]

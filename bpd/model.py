@@ -65,6 +65,11 @@ class ModelConfig:
   # input image. With image_side > 0, positions are encoded as 2D coordinates (see layers.image_positions).
   image_side: int = 0
   image_input_side: int = 0
+  # Images: add the embedding of the co-located input sub-pixel to each decoder position's input (see
+  # layers.colocated_source_index and Transformer._colocated). A DEVIATION from the paper and from the Image
+  # Transformer (Parmar et al. 2018), whose decoder sees the input only through cross-attention. Default off, so
+  # model.json files written before this field existed load as the faithful model.
+  colocated_input: bool = False
 
 
 def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelConfig:
@@ -77,6 +82,10 @@ def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelCo
   if (side or input_side) and not (side > 0 and input_side > 0 and side % input_side == 0):
     raise UserError(f'image_side={side}, image_input_side={input_side}: set together (both 0 for text), both > 0, '
                     'and the output side a multiple of the input side (32 and 8 for CelebA 8x8 -> 32x32).')
+  if overrides.get('colocated_input', False) and not side:
+    raise UserError('colocated_input=True needs image_side and image_input_side (the co-located input sub-pixel of '
+                    'an output sub-pixel is defined by the two image sides): set config.model.image_positions=True '
+                    'as well (configs/celeba_sr.py does), images only.')
   if overrides.get('attention_block', 0) < 0:
     raise UserError(f'attention_block={overrides["attention_block"]}: use 0 (full causal self-attention) or a '
                     'block size W > 0 (local attention) (config.model.attention_block).')
@@ -106,9 +115,11 @@ class Transformer(nn.Module):
 
   # -- pieces shared by training and decoding --------------------------------------------------------------
 
-  def _embed(self, tokens_BxT, positions_BxT, deterministic, is_source=False):
+  def _embed(self, tokens_BxT, positions_BxT, deterministic, is_source=False, src_BxS=None):
     c = self.config
     x = self.embed(tokens_BxT) * jnp.sqrt(float(c.d_model))
+    if c.colocated_input and not is_source:
+      x = x + self._colocated(src_BxS, positions_BxT)
     if c.image_side:
       # Image Transformer (Parmar et al. 2018, §3.2): half the dimensions encode the row, half the column and
       # channel. Input pixels sit at their centres in target-pixel units, so the encoder position of an input
@@ -120,6 +131,34 @@ class Transformer(nn.Module):
     else:
       x = x + layers.sinusoidal_positions(positions_BxT, c.d_model)
     return self.dropout(x.astype(jnp.dtype(self.config.dtype)), deterministic=deterministic)
+
+  def _colocated(self, src_BxS, positions_BxT):
+    """The shared embedding of the input sub-pixel co-located with each target position: [B, T, D].
+
+    Deviation from the paper (config.colocated_input): the Image Transformer (Parmar et al. 2018) feeds the
+    decoder only the previous output sub-pixel and reaches the input through cross-attention. A tiny model
+    trained for minutes on CPU never found the co-located input that way and collapsed to one intensity
+    (README, Super-resolution). Here the input sub-pixel that covers the output sub-pixel is in the residual
+    stream from the start, and with the output projection tied to the embedding the decoder starts out close
+    to nearest-neighbour enlargement: it only has to learn a correction.
+
+    Which sub-pixel: the decoder input at position p is the PREVIOUS target token y_{p-1} (BOS at p = 0), and
+    head 1's output at p predicts y_p. The useful conditioning is the input under y_p, the sub-pixel being
+    predicted, so position p gets the co-located input of target index p (not p - 1). It depends only on the
+    source and on p, never on the outputs, so it leaves causality and blockwise verification intact.
+    """
+    c = self.config
+    num_src = c.image_input_side * c.image_input_side * 3
+    if src_BxS is None or src_BxS.shape[1] != num_src:
+      raise UserError(f'colocated_input: the source must be the {c.image_input_side}x{c.image_input_side}x3 input '
+                      f'image as {num_src} sub-pixel ids, got shape '
+                      f'{None if src_BxS is None else tuple(src_BxS.shape)}.')
+    index_BxT = layers.colocated_source_index(positions_BxT, c.image_side, c.image_input_side)
+    # Positions past the image (blockwise decoding scores up to k positions beyond max_len, outputs discarded)
+    # would map below the input image: clip them to a valid id instead of reading out of bounds.
+    index_BxT = jnp.clip(index_BxT, 0, num_src - 1)
+    colocated_BxT = jnp.take_along_axis(src_BxS, index_BxT, axis=1)
+    return self.embed(colocated_BxT) * jnp.sqrt(float(c.d_model))
 
   def logits(self, hidden_Bx___xD):
     """The shared vocabulary projection (tied to the embedding). Returns [..., V] float32."""
@@ -139,7 +178,7 @@ class Transformer(nn.Module):
     config.attention_block > 0)."""
     length = tgt_in_BxT.shape[1]
     positions = jnp.broadcast_to(jnp.arange(length), tgt_in_BxT.shape)
-    x = self._embed(tgt_in_BxT, positions, deterministic)
+    x = self._embed(tgt_in_BxT, positions, deterministic, src_BxS=src_BxS)
     if self.config.attention_block:
       causal_BxTxT = None  # Local attention masks block by block: no T x T array (3072² for an image).
     else:
@@ -182,10 +221,13 @@ class Transformer(nn.Module):
   def init_decode_state(self, src_BxS, cache_len: int):
     """Runs the encoder once; returns the decoder state pytree (every leaf has leading dim B)."""
     enc = self.encode(src_BxS)
-    return {
+    state = {
         'src_mask_BxS': src_BxS > 0,
         'layers': tuple(layer.init_cache(enc, cache_len) for layer in self.decoder_layers),
     }
+    if self.config.colocated_input:
+      state['src_BxS'] = src_BxS  # score looks up the co-located input sub-pixel of each new position
+    return state
 
   def score(self, state, tokens_BxT, start_B):
     """Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1.
@@ -195,7 +237,7 @@ class Transformer(nn.Module):
     """
     num_new = tokens_BxT.shape[1]
     positions_BxT = start_B[:, None] + jnp.arange(num_new)[None, :]
-    x = self._embed(tokens_BxT, positions_BxT, deterministic=True)
+    x = self._embed(tokens_BxT, positions_BxT, deterministic=True, src_BxS=state.get('src_BxS'))
     src_mask = state['src_mask_BxS']
     cross_BxTxS = jnp.broadcast_to(src_mask[:, None, :], (x.shape[0], num_new, src_mask.shape[1]))
     new_layers = []
@@ -217,6 +259,8 @@ class Transformer(nn.Module):
 def init_params(config: ModelConfig, rng: jax.Array, src_len: int = 8, tgt_len: int = 8) -> dict:
   """Random parameters for `config` (the 'params' collection)."""
   model = Transformer(config)
+  if config.colocated_input:
+    src_len = config.image_input_side * config.image_input_side * 3  # the only source length it accepts
   src = jnp.ones((1, src_len), jnp.int32)
   tgt = jnp.ones((1, tgt_len), jnp.int32)
   return model.init(rng, src, tgt)['params']

@@ -170,10 +170,16 @@ def make_eval_step(model, *, label_smoothing, mesh=None):
 
 
 def image_sides(config) -> dict:
-  """ModelConfig fields for 2D image positions (config.model.image_positions, images only)."""
+  """ModelConfig fields for 2D image positions (config.model.image_positions, images only) and for the co-located
+  input embedding (config.model.colocated_input, which needs the image sides, so 2D positions too)."""
+  colocated = config.model.get('colocated_input', False)
   if config.data.source != 'images' or not config.model.get('image_positions', False):
+    if colocated:
+      raise UserError('config.model.colocated_input=True needs config.data.source=images and '
+                      'config.model.image_positions=True (it maps each output sub-pixel to the input sub-pixel '
+                      'that covers it, in the 2D image layout).')
     return {}
-  return dict(image_side=images.HIGHRES, image_input_side=images.LOWRES)
+  return dict(image_side=images.HIGHRES, image_input_side=images.LOWRES, colocated_input=bool(colocated))
 
 
 def fresh_params(model_config, seed: int) -> dict:

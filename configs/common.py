@@ -8,6 +8,8 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
                        (bpd/model.py SIZES).
   model.attention_block  decoder self-attention: 0 = full causal, W > 0 = local blocks of W (images).
   model.image_positions  images: encode positions as 2D coordinates shared by input and output (else 1D).
+  model.colocated_input  images (with image_positions): add the co-located input sub-pixel's embedding to each
+                       decoder position (a deviation from the paper; bpd/model.py Transformer._colocated).
   data.source          synthetic | text | tfds (translation) | images (CelebA 8x8 -> 32x32).
   data.dir             folder with {split}.{src_lang} / {split}.{tgt_lang} (source=text), or with
                        {split}.npy / {split}_8x8.npy (source=images, image_source=npy).
@@ -41,6 +43,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.dtype = 'float32'
   c.model.attention_block = 0  # 0: full causal decoder self-attention; W > 0: local 1D blocks (images)
   c.model.image_positions = False  # images: 2D (row, column, channel) position encodings (Image Transformer)
+  c.model.colocated_input = False  # images: co-located input sub-pixel embedding at each decoder position (not paper)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'synthetic'

@@ -49,22 +49,27 @@ def test_blockwise_layer_equals_naive_local_mask(length, block):
   np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
 
 
-def _random_model(block, vocab=40, k=3, image_sides=(0, 0)):
+def _random_model(block, vocab=40, k=3, image_sides=(0, 0), colocated=False):
   """Small (1 + 2 layers, d = 32) to compile fast; two decoder layers so the cache feeds a second layer."""
   config = model_lib.model_config('image_tiny', vocab_size=vocab, k=k, dropout_rate=0.0, d_model=32, d_ff=64,
-                                  attention_block=block, image_side=image_sides[0], image_input_side=image_sides[1])
+                                  attention_block=block, image_side=image_sides[0], image_input_side=image_sides[1],
+                                  colocated_input=colocated)
   return model_lib.Transformer(config), jax.jit(model_lib.init_params, static_argnums=0)(
       config, jax.random.PRNGKey(1))
 
 
-@pytest.mark.parametrize('block,image_sides', [(3, (0, 0)), (4, (0, 0)), (4, (4, 2))])
-def test_cached_local_decoder_matches_blockwise_full_sequence(block, image_sides):
+@pytest.mark.parametrize('block,image_sides,colocated', [(3, (0, 0), False), (4, (0, 0), False),
+                                                         (4, (4, 2), False), (4, (4, 2), True)])
+def test_cached_local_decoder_matches_blockwise_full_sequence(block, image_sides, colocated):
   """Per-row starts, stale entries of a rejected block, overwrites, and calls that straddle block boundaries;
   the sequence (11) is not a multiple of W. Every call writes 4 positions (one compiled shape). With image
-  sides, positions are 2D image coordinates (model.image_positions), on the cached path as on the full one."""
-  model, params = _random_model(block, image_sides=image_sides)
+  sides, positions are 2D image coordinates (model.image_positions), on the cached path as on the full one.
+  With colocated (model.colocated_input), each position also adds the embedding of the input sub-pixel under
+  the sub-pixel it predicts: the cached path must look it up at the same per-row positions as the full pass
+  (the source is then the whole 2x2x3 input, 12 ids)."""
+  model, params = _random_model(block, image_sides=image_sides, colocated=colocated)
   rng = np.random.RandomState(block)
-  B, S, T, NEW = 5, 6, 11, 4
+  B, S, T, NEW = 5, 12 if colocated else 6, 11, 4
   src = jnp.asarray(rng.randint(3, 40, size=(B, S)))
   tgt_in = rng.randint(3, 40, size=(B, T))
   full_BxTxKxV = np.asarray(jax.jit(model.apply)({'params': params}, src, jnp.asarray(tgt_in)))
@@ -140,8 +145,8 @@ EMBED_SCALE = 0.1
 SUBJECT_SEED = 0
 
 
-@pytest.fixture(scope='module')
-def image_model():
+@pytest.fixture(scope='module', params=[False, True], ids=['faithful', 'colocated'])
+def image_model(request):
   """(model, params): a tiny 4-head local-attention model, untrained, with three edits; the same on every CPU.
 
   Why not train it: a couple of hundred Adam steps of this model sat on the edge of collapse (one intensity
@@ -160,9 +165,15 @@ def image_model():
   The decoded tokens are then a fixed function of these parameters; another CPU's rounding (~1e-6) could
   flip an argmax only where two logits are closer than that, and `test_image_model_is_a_fair_test_subject`
   asserts both a margin far above that and its properties with wide margins.
+
+  With `colocated` (the second parametrization), the model is the same but with model.colocated_input (and
+  the 2D positions it needs): each decoder position also gets the input sub-pixel under the one it predicts.
+  Exact blockwise decoding must still equal greedy: the co-located input depends only on the position.
   """
+  colocated = request.param
+  sides = dict(image_side=HIGH, image_input_side=LOW, colocated_input=True) if colocated else {}
   config = model_lib.model_config('image_tiny', vocab_size=images.IMAGE_VOCAB_SIZE, k=IMAGE_K,
-                                  dropout_rate=0.0, attention_block=IMAGE_BLOCK)
+                                  dropout_rate=0.0, attention_block=IMAGE_BLOCK, **sides)
   params = model_lib.init_params(config, jax.random.PRNGKey(SUBJECT_SEED))
   embedding_VxD = (params['embed']['embedding'] * EMBED_SCALE).at[:images.PIXEL_OFFSET].set(0.0)
   multi_output = params['multi_output']
