@@ -14,7 +14,9 @@ Records (results.json) have the keys of translation's (bpd/evaluate.py `decode_s
   quality          mean per-image PSNR in dB against the ground-truth 32x32 image (quality_metric 'psnr');
   ssim             mean per-image SSIM against the ground truth;
   psnr_vs_greedy   PSNR of all outputs against greedy's (the MSE pooled over the split): inf when identical;
-  distinct_intensities  mean number of distinct values per output image: a collapse detector (see decode_split).
+  distinct_intensities  mean number of distinct values per output image: a collapse detector (see decode_split);
+  nearest_psnr, nearest_ssim, bicubic_psnr, bicubic_ssim  the baselines: the same inputs enlarged without a model
+                   (images.enlarge), against the same ground truth.
 Also {split}.{setting}.b{batch}.npy (uint8 [N, 32, 32, 3], the outputs in source order) and, per split,
 {split}.grid.png: one row per setting (labelled: input 8x8 enlarged by nearest neighbour, greedy, each
 blockwise setting, ground truth), one column per example (the first config.decode.grid_examples, default 8).
@@ -101,17 +103,24 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
   greedy_images = outputs_to_images(greedy_tokens_NxL)
   greedy_tokens_count = int(sum(int(o[1]) for o in greedy_out))
   greedy_psnr_db, greedy_ssim = scores(greedy_images)
+  # The baselines every record carries: the same images enlarged without a model.
+  baselines = {}
+  for method in images.ENLARGE_METHODS:
+    baselines[f'{method}_psnr'], baselines[f'{method}_ssim'] = scores(images.enlarge(lowres_Nx8x8x3, method=method))
   base = {'split': split, 'batch_size': batch_size, 'examples': n, 'step': step, 'model_k': model_k,
           'timing_examples': len(timing_rows), 'timing_repeats': max(timing_repeats, 1),
-          'greedy_seconds': greedy_seconds, 'greedy_quality': greedy_psnr_db, 'quality_metric': 'psnr'}
+          'greedy_seconds': greedy_seconds, 'greedy_quality': greedy_psnr_db, 'quality_metric': 'psnr',
+          **baselines}
   records = [{**base, 'k': 1, 'criterion': 'greedy', 'quality': greedy_psnr_db, 'ssim': greedy_ssim,
               'distinct_intensities': distinct(greedy_images),
               'psnr_vs_greedy': float('inf'), 'mean_accepted_block_size': 1.0, 'iterations': greedy_tokens_count,
               'invocations': greedy_tokens_count, 'tokens': greedy_tokens_count, 'seconds': greedy_seconds,
               'speedup': 1.0, 'identical_to_greedy': 1.0}]
   outputs_by_name = {'greedy': greedy_images}
-  logging.info('%s b%d greedy: PSNR %.2f dB, SSIM %.3f, %.2fs', split, batch_size, greedy_psnr_db, greedy_ssim,
-               greedy_seconds)
+  logging.info('%s b%d greedy: PSNR %.2f dB, SSIM %.3f, %.2fs (nearest-neighbour enlargement %.2f dB / %.3f, '
+               'bicubic %.2f dB / %.3f)', split, batch_size, greedy_psnr_db, greedy_ssim, greedy_seconds,
+               baselines['nearest_psnr'], baselines['nearest_ssim'], baselines['bicubic_psnr'],
+               baselines['bicubic_ssim'])
 
   for k, criterion in sweep:
     name = decoder_lib.setting_name(k, criterion)

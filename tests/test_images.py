@@ -265,3 +265,31 @@ def test_ssim():
   flat = np.full_like(pattern, 100)
   assert images.ssim(pattern, flat)[0] < 0.1
   assert images.ssim(a, 255 - a).mean() < 0.0  # Anti-correlated.
+
+
+def test_enlarge_nearest_and_bicubic():
+  lowres = _random_images((2, 8, 8, 3), seed=11)
+  nearest = images.enlarge(lowres)
+  assert nearest.shape == (2, 32, 32, 3) and nearest.dtype == np.uint8
+  # Nearest: output pixel (r, c) is input pixel (r // 4, c // 4).
+  np.testing.assert_array_equal(nearest[:, 13, 30], lowres[:, 3, 7])
+  np.testing.assert_array_equal(images.enlarge(lowres, 16), lowres.repeat(2, 1).repeat(2, 2))
+  bicubic = images.enlarge(lowres, method='bicubic')
+  assert bicubic.shape == (2, 32, 32, 3) and bicubic.dtype == np.uint8
+  # A flat image stays flat; extremes clip rather than wrap (cubic kernels overshoot at hard edges).
+  flat = np.full((1, 8, 8, 3), 77, np.uint8)
+  np.testing.assert_array_equal(images.enlarge(flat, method='bicubic'), np.full((1, 32, 32, 3), 77))
+  edge = np.zeros((1, 8, 8, 3), np.uint8)
+  edge[:, :, 4:] = 255
+  out = images.enlarge(edge, method='bicubic').astype(int)
+  assert out.min() == 0 and out.max() == 255 and len(np.unique(out)) > 2  # smooth ramp, clipped at both ends
+  # Smooth inputs: bicubic is closer to the smooth truth than nearest.
+  ramp = np.tile(np.linspace(0, 255, 32), (32, 1))[None, :, :, None].repeat(3, -1)
+  truth = np.round(ramp).astype(np.uint8)
+  small = images.downsample_area(truth, 8)
+  assert images.psnr(images.enlarge(small, method='bicubic'), truth)[0] > images.psnr(images.enlarge(small),
+                                                                                        truth)[0]
+  with pytest.raises(ValueError, match='unknown method'):
+    images.enlarge(lowres, method='lanczos')
+  with pytest.raises(ValueError, match='h dividing 30'):
+    images.enlarge(lowres, 30)

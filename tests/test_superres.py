@@ -106,7 +106,7 @@ def test_image_decode_sweep_writes_psnr_records_and_grid(trained):
     assert r['quality_metric'] == 'psnr' and r['examples'] == 2
     for key in ('quality', 'ssim', 'psnr_vs_greedy', 'distinct_intensities', 'greedy_quality',
                 'mean_accepted_block_size', 'iterations', 'invocations', 'tokens', 'seconds', 'greedy_seconds',
-                'speedup', 'identical_to_greedy'):
+                'speedup', 'identical_to_greedy', 'nearest_psnr', 'nearest_ssim', 'bicubic_psnr', 'bicubic_ssim'):
       assert key in r, key
     assert r['tokens'] == 2 * DECODE_LEN  # no EOS: every image runs to max_len
     assert 1.0 <= r['mean_accepted_block_size'] <= r['k'] and 1 <= r['distinct_intensities'] <= 256

@@ -15,7 +15,8 @@ Sources:
   It fails fast when the dataset is not prepared: a TFDS download cannot reach the internet here and would
   hang for minutes.
 
-Also: `save_image_grid` for sample sheets and per-image `psnr` / `ssim`.
+Also: `save_image_grid` for sample sheets, per-image `psnr` / `ssim`, and `enlarge` (nearest-neighbour and
+bicubic enlargement of the input: the baselines a super-resolution model has to beat).
 """
 
 import os
@@ -296,6 +297,29 @@ def psnr(a, b):
   mse_N = np.mean((a - b) ** 2, axis=(1, 2, 3))
   with np.errstate(divide='ignore'):
     return 10.0 * np.log10(255.0 ** 2 / mse_N)
+
+
+ENLARGE_METHODS = ('nearest', 'bicubic')
+
+
+def enlarge(lowres_NxhxWx3, side=HIGHRES, method='nearest'):
+  """uint8 [N, h, h, 3] -> uint8 [N, side, side, 3]: the input enlarged without a model (a baseline).
+
+  nearest repeats each input pixel over its (side / h)² output pixels. bicubic is jax.image.resize's (Keys'
+  cubic, a = -0.5, pixel centres aligned), rounded and clipped to 0..255 (cubic kernels overshoot at edges).
+  """
+  lowres = np.asarray(lowres_NxhxWx3)
+  if lowres.ndim != 4 or lowres.dtype != np.uint8 or lowres.shape[1] != lowres.shape[2] or side % lowres.shape[1]:
+    raise ValueError(f'enlarge expects uint8 [N, h, h, C] images with h dividing {side}, got {lowres.shape} '
+                     f'{lowres.dtype}.')
+  if method not in ENLARGE_METHODS:
+    raise ValueError(f'enlarge: unknown method {method!r}; choose one of {ENLARGE_METHODS}.')
+  scale = side // lowres.shape[1]
+  if method == 'nearest':
+    return lowres.repeat(scale, axis=1).repeat(scale, axis=2)
+  import jax  # pylint: disable=g-import-not-at-top  (data loading stays importable without initializing JAX)
+  out = jax.image.resize(lowres.astype(np.float32), (lowres.shape[0], side, side, lowres.shape[3]), 'bicubic')
+  return np.clip(np.round(np.asarray(out)), 0, 255).astype(np.uint8)
 
 
 def _gaussian_valid(x_NxHxWxC, sigma=1.5, radius=5):
