@@ -52,6 +52,10 @@ def check_train(config, workdir: str) -> None:
   if tc.get('head_learning_rate', 0.0) < 0:
     raise UserError(f'config.train.head_learning_rate={tc.head_learning_rate} must be >= 0 (0: the heads use '
                     'config.train.learning_rate).')
+  noise = tc.get('input_noise', 0.0)
+  if noise < 0 or (noise > 0 and config.data.source != 'images'):
+    raise UserError(f'config.train.input_noise={noise}: the std of the noise on the decoder\'s input pixels, in '
+                    'intensity levels: >= 0, and 0 unless config.data.source=images.')
   for field in ('num_steps', 'batch_size', 'checkpoint_every', 'log_every', 'warmup_steps'):
     if tc[field] < 1:
       raise UserError(f'config.train.{field}={tc[field]} must be at least 1.')

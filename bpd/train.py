@@ -89,8 +89,24 @@ def make_optimizer(regime: str, params: dict, learning_rate: float, warmup_steps
   return adam(learning_rate)
 
 
+def noisy_pixel_inputs(tgt_in_BxT, rng, std: float):
+  """Decoder inputs with Gaussian noise of `std` intensity levels on every pixel id, rounded and clipped to
+  0..255 (BOS and padding unchanged); the targets stay clean (config.train.input_noise).
+
+  Not in the paper. Under teacher forcing the previous sub-pixel predicts the next one far better than the 8x8
+  input does, so a small model learns to copy its input token; greedy decoding then follows its own outputs
+  away from the input (one intensity over a whole face: README, Super-resolution). Noisy inputs make the clean
+  co-located input (model.colocated_input) and the input image worth reading: the model learns to correct its
+  prefix towards them, which is what it must do on its own outputs at decoding time.
+  """
+  noise_BxT = jnp.round(std * jax.random.normal(rng, tgt_in_BxT.shape))
+  noisy_BxT = jnp.clip(tgt_in_BxT + noise_BxT.astype(tgt_in_BxT.dtype), images.PIXEL_OFFSET,
+                       images.IMAGE_VOCAB_SIZE - 1)
+  return jnp.where(tgt_in_BxT >= images.PIXEL_OFFSET, noisy_BxT, tgt_in_BxT)
+
+
 def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoothing, train, frozen=False,
-                     head1_weight=1.0):
+                     head1_weight=1.0, input_noise=0.0):
   """Mean (or one random head's) cross-entropy, plus per-head loss, accuracy and target counts for the logs.
 
   head1_weight w weighs head 1 (the base model's next-token head) against the proposal heads:
@@ -104,6 +120,8 @@ def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoo
   """
   src, tgt = batch['src_BxS'], batch['tgt_BxT']
   tgt_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)), constant_values=tokenizer_lib.BOS_ID)
+  if train and input_noise > 0:  # images only (checks.check_train)
+    tgt_in = noisy_pixel_inputs(tgt_in, jax.random.fold_in(dropout_rng, 2), input_noise)
   deterministic = not train or frozen
   rngs = {} if deterministic else {'dropout': dropout_rng}
   k = model.config.k
@@ -125,7 +143,7 @@ def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoo
 
 
 def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing, state_sharding=None, frozen=False,
-                    head1_weight=1.0):
+                    head1_weight=1.0, input_noise=0.0):
   """The jitted `train_step(state, batch, step) -> (state, metrics)`.
 
   With `state_sharding` (sharding.state_sharding: the state's layout on a mesh) the new state keeps that
@@ -142,7 +160,7 @@ def make_train_step(model, optimizer, *, seed, head_loss, label_smoothing, state
     dropout_rng = jax.random.fold_in(jax.random.PRNGKey(seed), step)
     loss_fn = functools.partial(loss_and_metrics, batch=batch, dropout_rng=dropout_rng, model=model,
                                 head_loss=head_loss, label_smoothing=label_smoothing, frozen=frozen, train=True,
-                                head1_weight=head1_weight)
+                                head1_weight=head1_weight, input_noise=input_noise)
     if frozen:
       # Differentiate with respect to the proposal heads only: no backward pass through the frozen base
       # (about half the cost of a step); the base's gradient is zero, as the optimizer would make it anyway.
@@ -354,7 +372,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   train_step = make_train_step(model, optimizer, seed=config.seed, head_loss=tc.head_loss,
                                label_smoothing=tc.label_smoothing, state_sharding=state_sharding,
-                               frozen=tc.regime == 'frozen', head1_weight=tc.get('head1_weight', 1.0))
+                               frozen=tc.regime == 'frozen', head1_weight=tc.get('head1_weight', 1.0),
+                               input_noise=tc.get('input_noise', 0.0))
   eval_step = make_eval_step(model, label_smoothing=tc.label_smoothing, mesh=mesh)
   rows = sharding.local_rows(tc.batch_size, mesh)  # this process's rows of every global batch
   writer = metrics.Writer(workdir)

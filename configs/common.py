@@ -25,6 +25,8 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   train.head1_weight   weight of head 1 against the proposal heads in the mean loss (1 = plain mean).
   train.head_learning_rate  peak rate of the new proposal heads (frozen, finetune; 0 = train.learning_rate):
                        fresh heads learn fast at a high rate that would wreck the trained base (train.py).
+  train.input_noise    images: Gaussian noise (std in intensity levels) on the decoder's input pixels in training,
+                       targets clean (not in the paper; bpd/train.py noisy_pixel_inputs). 0 = off.
   decode.*             the sweep of `--mode=decode`: heads k' <= k, criteria, batch sizes, splits.
 """
 
@@ -76,6 +78,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3
   c.train.eval_every = 1000  # 0: never
   c.train.log_every = 100
+  c.train.input_noise = 0.0  # images: std (intensity levels) of noise on the decoder's input pixels (not paper)
   c.train.eval_psnr_examples = 0  # source=images: greedy-decode this many eval images for a PSNR (slow on CPU)
 
   c.decode = ml_collections.ConfigDict()
