@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import flax.linen as nn
 import numpy as np
 
+from bpd.errors import UserError
+
 NEG_INF = -1e9  # Masked attention logits; finite so that a fully masked row gives no NaN.
 
 
@@ -71,6 +73,34 @@ def colocated_source_index(positions_BxT: jax.Array, side: int, input_side: int)
   scale = side // input_side
   row_BxT, col_BxT = (positions_BxT // 3) // side, (positions_BxT // 3) % side
   return ((row_BxT // scale) * input_side + col_BxT // scale) * 3 + positions_BxT % 3
+
+
+PIXEL_OFFSET, NUM_INTENSITIES = 3, 256  # as bpd/data/images.py: intensity v is id v + 3
+ORDINAL_WIDTH = 8  # intensity levels: pixel embeddings closer than this start out similar
+
+
+def ordinal_pixel_embedding_init(base_init, width: int = ORDINAL_WIDTH):
+  """Embedding initializer (config.model.ordinal_pixel_init): the special ids' rows from `base_init`, and the
+  256 intensity rows as sinusoids of the intensity, e_v = sqrt(2/D) [cos(v w_j), sin(v w_j)], w_j = pi (j + 1) /
+  (width D/2), j < D/2. Then |e_v| = 1 (as the normal(D^-1/2) init on average) and e_u . e_v = mean_j cos((u - v)
+  w_j), a sinc-like kernel of |u - v| with its first zero near `width` levels, periodic only beyond 255.
+
+  Why (not in the paper): with the output projection tied to the embedding, an ordered embedding makes a
+  hidden state near e_c score intensities near c highly, so the co-located input in the residual stream
+  (config.model.colocated_input) is at once a smooth guess around c rather than a 1-of-256 class; randomly
+  initialized classes must learn that 100 and 101 are alike from data, slowly on CPU.
+  """
+  def init(key, shape, dtype=jnp.float32):
+    table_VxD = base_init(key, shape, dtype)
+    vocab, d_model = shape
+    if vocab < PIXEL_OFFSET + NUM_INTENSITIES or d_model % 2:
+      raise UserError(f'ordinal_pixel_init needs the image vocabulary ({PIXEL_OFFSET + NUM_INTENSITIES} ids) and an '
+                      f'even d_model, got a [{vocab}, {d_model}] embedding.')
+    half = d_model // 2
+    angle_VxH = jnp.arange(NUM_INTENSITIES)[:, None] * (jnp.pi * (jnp.arange(half) + 1) / (width * half))[None]
+    pixels_VxD = jnp.sqrt(2.0 / d_model) * jnp.concatenate([jnp.cos(angle_VxH), jnp.sin(angle_VxH)], axis=-1)
+    return table_VxD.at[PIXEL_OFFSET:PIXEL_OFFSET + NUM_INTENSITIES].set(pixels_VxD.astype(dtype))
+  return init
 
 
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype) -> jax.Array:

@@ -70,6 +70,10 @@ class ModelConfig:
   # Transformer (Parmar et al. 2018), whose decoder sees the input only through cross-attention. Default off, so
   # model.json files written before this field existed load as the faithful model.
   colocated_input: bool = False
+  # Images: initialize the pixel ids' embedding rows so that nearby intensities have nearby embeddings
+  # (layers.ordinal_pixel_embedding_init). Initialization only: the same parameters and computation. Not in the
+  # paper (a random init; the 256 intensities are unordered classes there as in the Image Transformer).
+  ordinal_pixel_init: bool = False
 
 
 def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelConfig:
@@ -99,7 +103,10 @@ class Transformer(nn.Module):
   def setup(self):
     c = self.config
     dtype = jnp.dtype(c.dtype)
-    self.embed = nn.Embed(c.vocab_size, c.d_model, embedding_init=nn.initializers.normal(c.d_model**-0.5))
+    init = nn.initializers.normal(c.d_model**-0.5)
+    if c.ordinal_pixel_init:
+      init = layers.ordinal_pixel_embedding_init(init)
+    self.embed = nn.Embed(c.vocab_size, c.d_model, embedding_init=init)
     self.encoder_layers = [
         layers.EncoderLayer(c.num_heads, c.d_model, c.d_ff, c.dropout_rate, c.attention_dropout_rate, dtype)
         for _ in range(c.num_encoder_layers)]

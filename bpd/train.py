@@ -188,16 +188,21 @@ def make_eval_step(model, *, label_smoothing, mesh=None):
 
 
 def image_sides(config) -> dict:
-  """ModelConfig fields for 2D image positions (config.model.image_positions, images only) and for the co-located
-  input embedding (config.model.colocated_input, which needs the image sides, so 2D positions too)."""
+  """ModelConfig fields for 2D image positions (config.model.image_positions, images only), for the co-located
+  input embedding (config.model.colocated_input, which needs the image sides, so 2D positions too) and for the
+  ordinal initialization of the intensity embeddings (config.model.ordinal_pixel_init, images only)."""
   colocated = config.model.get('colocated_input', False)
+  ordinal = {'ordinal_pixel_init': True} if config.model.get('ordinal_pixel_init', False) else {}
+  if ordinal and config.data.source != 'images':
+    raise UserError('config.model.ordinal_pixel_init=True initializes the 256 intensity embeddings of images: use '
+                    'it with config.data.source=images only.')
   if config.data.source != 'images' or not config.model.get('image_positions', False):
     if colocated:
       raise UserError('config.model.colocated_input=True needs config.data.source=images and '
                       'config.model.image_positions=True (it maps each output sub-pixel to the input sub-pixel '
                       'that covers it, in the 2D image layout).')
-    return {}
-  return dict(image_side=images.HIGHRES, image_input_side=images.LOWRES, colocated_input=bool(colocated))
+    return ordinal
+  return dict(image_side=images.HIGHRES, image_input_side=images.LOWRES, colocated_input=bool(colocated), **ordinal)
 
 
 def fresh_params(model_config, seed: int) -> dict:

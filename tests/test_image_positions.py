@@ -129,3 +129,30 @@ def test_celeba_config_colocated_switch():
   config.data.source = 'text'
   with pytest.raises(UserError, match='colocated_input=True needs'):
     train.image_sides(config)
+
+
+def test_ordinal_pixel_init_orders_the_intensity_embeddings():
+  """config.model.ordinal_pixel_init: unit-norm intensity rows whose similarity falls with the intensity gap
+  (near 0 from ORDINAL_WIDTH levels on); special ids' rows as the plain init; same parameter shapes."""
+  config = model_lib.model_config('image_tiny', vocab_size=259, image_side=32, image_input_side=8,
+                                  colocated_input=True, ordinal_pixel_init=True)
+  table_VxD = np.asarray(model_lib.init_params(config, jax.random.PRNGKey(0))['embed']['embedding'])
+  plain_VxD = np.asarray(model_lib.init_params(dataclasses.replace(config, ordinal_pixel_init=False),
+                                               jax.random.PRNGKey(0))['embed']['embedding'])
+  assert table_VxD.shape == plain_VxD.shape
+  np.testing.assert_array_equal(table_VxD[:images.PIXEL_OFFSET], plain_VxD[:images.PIXEL_OFFSET])
+  pixels_VxD = table_VxD[images.PIXEL_OFFSET:]
+  np.testing.assert_allclose(np.linalg.norm(pixels_VxD, axis=1), 1.0, atol=1e-5)
+  similarity_to_100 = pixels_VxD @ pixels_VxD[100]
+  assert np.all(np.diff(similarity_to_100[100:100 + layers.ORDINAL_WIDTH]) < 0)  # falls with the gap
+  assert np.abs(similarity_to_100[100 + 2 * layers.ORDINAL_WIDTH:]).max() < 0.25  # far intensities: unrelated
+  assert pixels_VxD.argmax(axis=0).shape == (64,) and (pixels_VxD @ pixels_VxD.T).argmax(axis=1).tolist() == list(
+      range(256))  # each intensity is still its own nearest embedding: the tied projection can emit every one
+  with pytest.raises(UserError, match='ordinal_pixel_init needs the image vocabulary'):
+    model_lib.init_params(dataclasses.replace(config, vocab_size=100), jax.random.PRNGKey(0))
+  config = celeba_sr.get_config('cpu')
+  config.model.ordinal_pixel_init = True
+  assert train.image_sides(config)['ordinal_pixel_init']
+  config.data.source = 'text'
+  with pytest.raises(UserError, match='ordinal_pixel_init=True initializes'):
+    train.image_sides(config)
