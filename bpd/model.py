@@ -147,7 +147,8 @@ class Transformer(nn.Module):
     trained for minutes on CPU never found the co-located input that way and collapsed to one intensity
     (README, Super-resolution). Here the input sub-pixel that covers the output sub-pixel is in the residual
     stream from the start, and with the output projection tied to the embedding the decoder starts out close
-    to nearest-neighbour enlargement: it only has to learn a correction.
+    to nearest-neighbour enlargement: it only has to learn a correction. (On CPU that was not enough: greedy
+    decoding still followed its own prefix and collapsed, README, Super-resolution, "Co-located input".)
 
     Which sub-pixel: the decoder input at position p is the PREVIOUS target token y_{p-1} (BOS at p = 0), and
     head 1's output at p predicts y_p. The useful conditioning is the input under y_p, the sub-pixel being
