@@ -6,7 +6,9 @@ The model enters as two plain functions over an opaque per-row state (every leaf
       Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1 and returns head 1's logits
       (the scoring model p_1) at each of them. Position 0 holds BOS; the n-th output token sits at
       position n. A call may overwrite positions a previous call wrote: that is how rejected tokens are
-      rolled back.
+      rolled back. start_B may also be a scalar int32 [] (every row at the same position: greedy and beam
+      search), which lets the model write its cache with one slice for the whole batch instead of a
+      per-row scatter; the outputs are the same as with jnp.full((B,), start).
   propose_fn(hidden_Bx...) -> logits_Bx(k-1)xV
       Heads 2..k at one position per row (the hidden state that score_fn returned for it).
 
@@ -158,7 +160,8 @@ def greedy(score_fn: ScoreFn, state: Any, *, batch_size: int, max_len: int, bos_
 
   def body(carry):
     step, last_B, tokens_BxL, length_B, done_B, state = carry
-    logits_Bx1xV, _, state = score_fn(state, last_B[:, None], jnp.full((B,), step, jnp.int32))
+    # Every row sits at position `step`: a scalar start, so the cache write is one slice, not a per-row scatter.
+    logits_Bx1xV, _, state = score_fn(state, last_B[:, None], step)
     next_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
     tokens_BxL = tokens_BxL.at[:, step].set(jnp.where(done_B, PAD_ID, next_B))
     length_B = length_B + (~done_B).astype(jnp.int32)

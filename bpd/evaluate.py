@@ -36,6 +36,7 @@ from bpd import metrics
 from bpd import model as model_lib
 from bpd import report
 from bpd import sharding
+from bpd import timing
 from bpd.data import batching
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
@@ -108,12 +109,14 @@ def source_bucket(src_ids) -> int:
   return int(-(-longest // 8) * 8)
 
 
-def run_batches(fn, src_ids, batch_size, what=''):
+def run_batches(fn, src_ids, batch_size, what='', bucket=None):
   """Applies fn(src_BxS) -> pytree with leading B to every batch; returns (outputs in source order, seconds).
 
-  Padding rows of the last batch are dropped. Logs progress with an ETA for long decodes.
+  Every batch is padded to `bucket` source positions (default: source_bucket(src_ids)); pass the bucket of the
+  examples a function was compiled for to reuse that compiled shape. Padding rows of the last batch are
+  dropped. Logs progress with an ETA for long decodes.
   """
-  batches = batching.eval_batches(src_ids, None, batch_size, (source_bucket(src_ids),))
+  batches = batching.eval_batches(src_ids, None, batch_size, (bucket or source_bucket(src_ids),))
   outputs = [None] * len(src_ids)
   progress = metrics.Progress(0, len(batches), what)
   start = last_report = time.perf_counter()
@@ -151,17 +154,16 @@ def _decode_setting(fn, src_ids, batch_size, what):
   return run_batches(fn, src_ids, batch_size, what)
 
 
-def time_side_by_side(greedy_fn, blockwise_fn, src_ids, batch_size, repeats):
-  """Median seconds of greedy and of blockwise decoding of the same examples, run alternately.
+def time_side_by_side(fns, src_ids, batch_size, repeats, bucket=None, what='timing'):
+  """Median seconds of each fn(src_BxS) decoding the same examples, run alternately (bpd/timing.py).
 
-  Both are compiled and warmed up already. Alternating greedy and blockwise runs, and taking medians,
-  keeps a changing machine load (other jobs, thermal state) out of the ratio.
+  Every batch is padded to `bucket` (default: source_bucket(src_ids)); each fn first runs once, untimed, over
+  exactly the timed batches, and a trace or compile inside the timed runs raises timing.RecompileError.
+  Alternating the functions and taking medians keeps a changing machine load out of their ratio.
   """
-  greedy_s, blockwise_s = [], []
-  for _ in range(max(repeats, 1)):
-    greedy_s.append(run_batches(greedy_fn, src_ids, batch_size)[1])
-    blockwise_s.append(run_batches(blockwise_fn, src_ids, batch_size)[1])
-  return float(np.median(greedy_s)), float(np.median(blockwise_s))
+  bucket = bucket or source_bucket(src_ids)
+  runs = [lambda fn=fn: run_batches(fn, src_ids, batch_size, bucket=bucket)[0] for fn in fns]
+  return [float(s) for s in timing.time_alternating(runs, repeats, what)]
 
 
 def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
@@ -170,17 +172,20 @@ def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, 
 
   Quality and acceptance come from decoding every example. Speed comes from `time_side_by_side` on the
   first `timing_examples` examples (0: all), `timing_repeats` times each: greedy_seconds and seconds of a
-  record are medians measured next to each other, and speedup is their ratio.
+  record are medians measured next to each other, and speedup is their ratio. The timed batches are padded
+  to the whole split's source bucket, the shape that was compiled and warmed up for the full decode
+  (a subset's own, shorter bucket would compile inside the first timed run).
   """
   greedy_fn = lambda src: decoder.greedy(params, src)
   greedy_out, _ = _decode_setting(greedy_fn, src_ids, batch_size, f'{split} greedy b{batch_size}')
   timing_ids = src_ids[:timing_examples] if timing_examples else src_ids
+  bucket = source_bucket(src_ids)
   greedy_tokens = [o[0] for o in greedy_out]
   greedy_hyps = [tokenizer.decode(t) for t in greedy_tokens]
   greedy_tokens_count = int(sum(int(o[1]) for o in greedy_out))
   greedy_bleu = bleu(greedy_hyps, references)
-  greedy_seconds = float(np.median([run_batches(greedy_fn, timing_ids, batch_size)[1]
-                                    for _ in range(max(timing_repeats, 1))]))
+  greedy_seconds, = time_side_by_side([greedy_fn], timing_ids, batch_size, timing_repeats, bucket,
+                                      f'{split} greedy b{batch_size}')
   write_lines(os.path.join(out_dir, f'{split}.greedy.b{batch_size}.txt'), greedy_hyps)
   base = {'split': split, 'batch_size': batch_size, 'examples': len(src_ids), 'step': step, 'model_k': model_k,
           'timing_examples': len(timing_ids), 'timing_repeats': max(timing_repeats, 1),
@@ -202,7 +207,8 @@ def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, 
 
     outputs, _ = _decode_setting(blockwise_fn, src_ids, batch_size, f'{split} {name} b{batch_size}')
     batch_calls = int(sum(int(c) for c in batch_invocations[1:]))  # [0] is the warm-up batch
-    g_seconds, seconds = time_side_by_side(greedy_fn, blockwise_fn, timing_ids, batch_size, timing_repeats)
+    g_seconds, seconds = time_side_by_side([greedy_fn, blockwise_fn], timing_ids, batch_size, timing_repeats, bucket,
+                                           f'{split} {name} b{batch_size}')
     tokens = [o.tokens_BxL for o in outputs]
     hyps = [tokenizer.decode(t) for t in tokens]
     write_lines(os.path.join(out_dir, f'{split}.{name}.b{batch_size}.txt'), hyps)

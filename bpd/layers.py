@@ -108,11 +108,21 @@ def local_block_attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block: int, dtype) -> ja
 def write_rows(cache_BxLx___: jax.Array, new_BxTx___: jax.Array, start_B: jax.Array) -> jax.Array:
   """cache[b, start[b] : start[b] + T] = new[b] for every row b (rows start at different positions).
 
+  A scalar start (every row at the same position, as in greedy decoding) is one dynamic_update_slice of the
+  whole batch; per-row starts are a vmapped one, which XLA lowers to a scatter.
   The caller guarantees start[b] + T <= L (dynamic_update_slice would otherwise clamp the start).
   """
+  if jnp.ndim(start_B) == 0:
+    return jax.lax.dynamic_update_slice_in_dim(cache_BxLx___, new_BxTx___.astype(cache_BxLx___.dtype), start_B, 1)
+
   def one_row(cache_Lx___, new_Tx___, start):
     return jax.lax.dynamic_update_slice_in_dim(cache_Lx___, new_Tx___.astype(cache_Lx___.dtype), start, 0)
   return jax.vmap(one_row)(cache_BxLx___, new_BxTx___, start_B)
+
+
+def query_positions(start_B: jax.Array, batch: int, num_new: int) -> jax.Array:
+  """Positions start_B[b] .. start_B[b] + T - 1 of T new tokens: [B, T]. start_B is [B] or a scalar (all rows)."""
+  return jnp.broadcast_to(jnp.asarray(start_B)[..., None] + jnp.arange(num_new), (batch, num_new))
 
 
 class MultiHeadAttention(nn.Module):
@@ -248,7 +258,7 @@ class DecoderLayer(nn.Module):
     k_BxLxHxK = write_rows(cache['k_BxLxHxK'], k_new, start_B)
     v_BxLxHxK = write_rows(cache['v_BxLxHxK'], v_new, start_B)
     num_new, cache_len = x_BxTxD.shape[1], k_BxLxHxK.shape[1]
-    query_pos_BxT = start_B[:, None] + jnp.arange(num_new)[None, :]
+    query_pos_BxT = query_positions(start_B, x_BxTxD.shape[0], num_new)
     # A query sees cached positions up to its own; later slots (stale or empty) are masked.
     self_mask_BxTxL = jnp.arange(cache_len)[None, None, :] <= query_pos_BxT[:, :, None]
     if self.attention_block:

@@ -169,13 +169,13 @@ class Transformer(nn.Module):
     }
 
   def score(self, state, tokens_BxT, start_B):
-    """Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1.
+    """Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1 (start_B [B], or [] for all rows).
 
     Returns (head-1 logits [B, T, V], decoder output [B, T, D], new state). Only head 1 is projected
     onto the vocabulary here: verification needs nothing else (DESIGN §3, no k² projections).
     """
     num_new = tokens_BxT.shape[1]
-    positions_BxT = start_B[:, None] + jnp.arange(num_new)[None, :]
+    positions_BxT = layers.query_positions(start_B, tokens_BxT.shape[0], num_new)
     x = self._embed(tokens_BxT, positions_BxT, deterministic=True)
     src_mask = state['src_mask_BxS']
     cross_BxTxS = jnp.broadcast_to(src_mask[:, None, :], (x.shape[0], num_new, src_mask.shape[1]))
