@@ -63,10 +63,11 @@ def seconds(fn: Callable[[], object]) -> float:
   return time.perf_counter() - start
 
 
-def time_alternating(fns: Sequence[Callable[[], object]], repeats: int, what: str = 'timing') -> list[float]:
-  """Median seconds of each fn(), after one untimed warm-up call of each, run alternately `repeats` times.
-
-  Each fn must do exactly what its warm-up did (same shapes, same static arguments): RecompileError otherwise.
+def time_alternating(fns: Sequence[Callable[[], object]], repeats: int, what: str = 'timing',
+                     reduce: Callable[[list[float]], float] = statistics.median) -> list[float]:
+  """Median (or `reduce`) seconds of each fn(), after one untimed warm-up call of each, run alternately
+  `repeats` times. Each fn must do exactly what its warm-up did (same shapes, same static arguments):
+  RecompileError otherwise.
   """
   for fn in fns:
     seconds(fn)  # compile + warm-up on exactly what is timed
@@ -75,4 +76,4 @@ def time_alternating(fns: Sequence[Callable[[], object]], repeats: int, what: st
     for _ in range(max(repeats, 1)):
       for fn, fn_times in zip(fns, times):
         fn_times.append(seconds(fn))
-  return [statistics.median(t) for t in times]
+  return [reduce(t) for t in times]
