@@ -10,7 +10,8 @@ def test_shape_count_matches_xla_cost_analysis_and_records_keep_their_fields():
   config = model_lib.model_config('tiny', vocab_size=300, k=4, dropout_rate=0.0)
   model = model_lib.Transformer(config)
   params = model_lib.init_params(config, jax.random.PRNGKey(0))
-  peaks = {'peak_gflop_s': 100.0, 'peak_gbyte_s': 10.0}  # not measured here: the test checks counts, not speed
+  # Not measured here: the test checks counts, not speed.
+  peaks = {'peak_gflop_s': 100.0, 'peak_gbyte_s': 10.0, 'cached_gbyte_s': 40.0}
   records = bench_decode.bench(model, params, [2, 4], [1, 3], max_len=8, src_len=6, repeats=1, peaks=peaks)
   assert [(r['k'], r['batch_size']) for r in records] == [(2, 1), (4, 1), (2, 3), (4, 3)]
   for r in records:
