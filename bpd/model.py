@@ -212,6 +212,24 @@ def add_heads(base_params: dict, k_head_params: dict) -> dict:
   return {**base_params, 'multi_output': k_head_params['multi_output']}
 
 
+def first_heads(model: Transformer, params: Any, num_heads: int) -> tuple[Transformer, Any]:
+  """(model, params) of the k'-head model made of the first k' = num_heads heads of a k-head model.
+
+  The first k' heads of a k-head model are a k'-head model (layers.MultiOutput). decode_fns slices their weights
+  here, once per decode (inside the jitted function, outside its loop): sliced inside the layer, XLA's CPU backend
+  copied the kept [k'-1, d, d_ff] kernels on every iteration (issue #12).
+  """
+  if not 1 <= num_heads <= model.config.k:
+    raise UserError(f'Cannot decode with {num_heads} heads: the model has k={model.config.k}; '
+                    f'choose k between 1 and {model.config.k}.')
+  if num_heads in (1, model.config.k):  # k' = 1 never proposes: the multi-output layer is not called
+    return model, params
+  per_head = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias')  # leading axis = head; 'ln' is shared by the heads
+  heads = {name: value[:num_heads - 1] if name in per_head else value
+           for name, value in params['multi_output'].items()}
+  return Transformer(dataclasses.replace(model.config, k=num_heads)), {**params, 'multi_output': heads}
+
+
 def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
   """The model as the plain functions `bpd.decoding` takes, proposing with its first `num_heads` heads.
 
@@ -220,9 +238,7 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
   Returns (init_state(src_BxS, cache_len), score_fn(state, tokens_BxT, start_B), propose_fn(hidden_BxD)).
   """
   heads = model.config.k if num_heads is None else num_heads
-  if not 1 <= heads <= model.config.k:
-    raise UserError(f'Cannot decode with {heads} heads: the model has k={model.config.k}; '
-                    f'choose k between 1 and {model.config.k}.')
+  model, params = first_heads(model, params, heads)
   variables = {'params': params}
 
   def init_state(src_BxS, cache_len):

@@ -64,3 +64,17 @@ def test_scalar_start_on_the_stub():
   state = stub.init_state(jnp.asarray(seeds), jnp.asarray(eos_at), 21)
   tokens, _, _ = decoding.greedy(stub.score_fn, state, batch_size=4, max_len=20, bos_id=BOS, eos_id=EOS)
   np.testing.assert_array_equal(np.asarray(tokens), stub.reference_greedy(seeds, eos_at, 20))
+
+
+def test_decoding_with_fewer_heads_proposes_what_the_full_model_does(toy_model):
+  """decode_fns slices the first k' heads' weights once (outside the loop); proposals are the model's heads 2..k'."""
+  model, params, config = toy_model
+  from bpd import model as model_lib  # pylint: disable=g-import-not-at-top
+  src, tgt = toy_batch(np.random.RandomState(5), 3)
+  tgt_in = np.concatenate([np.full((3, 1), BOS), tgt[:, :-1]], axis=1)
+  full_BxTxKxV = np.asarray(jax.jit(model.apply)({'params': params}, jnp.asarray(src), jnp.asarray(tgt_in)))
+  for heads in range(2, config.k + 1):
+    init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=heads)
+    _, hidden_BxTxD, _ = score_fn(init_state(jnp.asarray(src), 12), jnp.asarray(tgt_in), jnp.int32(0))
+    proposals_BxHxV = np.asarray(propose_fn(hidden_BxTxD[:, 4]))
+    np.testing.assert_allclose(proposals_BxHxV, full_BxTxKxV[:, 4, 1:heads], atol=1e-4)
