@@ -117,7 +117,8 @@ def estimate(model, mesh, k_values, batches_per_chip, max_len, src_len, peak_flo
 def format_table(records, title=''):
   lines = [title] if title else []
   lines += ['| k | batch per chip | greedy step est. (µs) | iteration est. (µs) | ratio est. (roofline) | '
-            'ratio (XLA optimal_seconds) | GFLOP greedy / iter | MB greedy / iter |', '|---|---|---|---|---|---|---|---|']
+            'ratio (XLA optimal_seconds) | GFLOP greedy / iter | MB greedy / iter |',
+            '|---|---|---|---|---|---|---|---|']
   for r in records:
     lines.append(f"| {r['k']} | {r['batch_per_chip']} | {1e6 * r['greedy_roofline_s']:.1f} | "
                  f"{1e6 * r['block_roofline_s']:.1f} | {r['ratio_roofline']:.2f} | {r['ratio_optimal']:.2f} | "
