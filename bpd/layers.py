@@ -59,14 +59,18 @@ def image_positions(positions_BxT: jax.Array, side: int, scale: int, d_model: in
                           sinusoidal_positions(col_channel_BxT, d_model - half)], axis=-1)
 
 
-def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype) -> jax.Array:
-  """Scaled dot-product attention; softmax in float32. Returns [B, T, H, K]."""
+def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype, heads_major=False) -> jax.Array:
+  """Scaled dot-product attention; softmax in float32. Returns [B, T, H, K].
+
+  heads_major: keys and values come as [B, H, S, K] (the decoding caches' layout, `attend_cached`).
+  """
+  kv = 'bhsk' if heads_major else 'bshk'
   depth = q_BxTxHxK.shape[-1]
-  logits_BxHxTxS = jnp.einsum('bthk,bshk->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
+  logits_BxHxTxS = jnp.einsum(f'bthk,{kv}->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
   logits_BxHxTxS = logits_BxHxTxS / np.sqrt(depth).astype(np.float32)
   logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, NEG_INF)
   weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
-  return jnp.einsum('bhts,bshk->bthk', weights_BxHxTxS, v_BxSxHxK)
+  return jnp.einsum(f'bhts,{kv}->bthk', weights_BxHxTxS, v_BxSxHxK)
 
 
 def attend_cached(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Array:
@@ -76,12 +80,7 @@ def attend_cached(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Arr
   every decoding call to form the per-head products, 2.3 ms of a 18 ms greedy step at batch 32 (issue #12);
   heads-major, each (b, h) product reads a contiguous [S, K] block. Returns [B, T, H, K].
   """
-  depth = q_BxTxHxK.shape[-1]
-  logits_BxHxTxS = jnp.einsum('bthk,bhsk->bhts', q_BxTxHxK, k_BxHxSxK).astype(jnp.float32)
-  logits_BxHxTxS = logits_BxHxTxS / np.sqrt(depth).astype(np.float32)
-  logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, NEG_INF)
-  weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
-  return jnp.einsum('bhts,bhsk->bthk', weights_BxHxTxS, v_BxHxSxK)
+  return attend(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dtype, heads_major=True)
 
 
 def local_block_attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block: int, dtype) -> jax.Array:
