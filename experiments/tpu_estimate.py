@@ -30,7 +30,10 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file; its mode
 _TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x2', 'TPU topology to compile for (a key of PEAKS, then :shape).')
 _KS = flags.DEFINE_list('ks', ['2', '4', '8'], 'Block sizes k.')
 _BATCH_PER_CHIP = flags.DEFINE_list('batch_per_chip', ['1', '8', '32'], 'Rows per chip.')
-_DTYPE = flags.DEFINE_string('dtype', 'bfloat16', 'Activation dtype (parameters stay float32, as in training).')
+_DTYPE = flags.DEFINE_string('dtype', 'bfloat16', 'Activation dtype.')
+_PARAM_DTYPE = flags.DEFINE_enum('param_dtype', 'compute', ['compute', 'float32'],
+                                 "Parameters the loop reads: 'compute' (cast to --dtype once before decoding, as the "
+                                 "decoders do) or 'float32' (the training parameters, cast inside every step).")
 _MAX_LEN = flags.DEFINE_integer('max_len', 120, 'Cache length is max_len + max(k) + 1.')
 _SRC_LEN = flags.DEFINE_integer('src_len', 24, 'Source length.')
 
@@ -70,6 +73,8 @@ def estimate(model, mesh, k_values, batches_per_chip, max_len, src_len, peak_flo
   by_row = NamedSharding(mesh, P('data'))
   chips = mesh.devices.size
   params = jax.eval_shape(functools.partial(model_lib.init_params, model.config), jax.random.PRNGKey(0))
+  if _PARAM_DTYPE.value == 'compute':  # what the decoders do: cast once, outside the loop (model.decode_fns)
+    params = jax.eval_shape(lambda p: model_lib.params_in_compute_dtype(p, model.config.dtype), params)
   params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params)
 
   def abstract(tree):  # leading dim = rows: split over the chips; scalars replicated
