@@ -17,6 +17,7 @@ from bpd import decoding
 from bpd import metrics
 from bpd import model as model_lib
 from bpd import sharding
+from bpd import timing
 from bpd.data import batching
 from bpd.data import tokenizer as tokenizer_lib
 
@@ -83,12 +84,14 @@ def source_bucket(src_ids) -> int:
   return int(-(-longest // 8) * 8)
 
 
-def run_batches(fn, src_ids, batch_size, what=''):
+def run_batches(fn, src_ids, batch_size, what='', bucket=None):
   """Applies fn(src_BxS) -> pytree with leading B to every batch; returns (outputs in source order, seconds).
 
-  Padding rows of the last batch are dropped. Logs progress with an ETA for long decodes.
+  Every batch is padded to `bucket` source positions (default: source_bucket(src_ids)); pass the bucket of the
+  examples a function was compiled for to reuse that compiled shape. Padding rows of the last batch are
+  dropped. Logs progress with an ETA for long decodes.
   """
-  batches = batching.eval_batches(src_ids, None, batch_size, (source_bucket(src_ids),))
+  batches = batching.eval_batches(src_ids, None, batch_size, (bucket or source_bucket(src_ids),))
   outputs = [None] * len(src_ids)
   progress = metrics.Progress(0, len(batches), what)
   start = last_report = time.perf_counter()
@@ -107,14 +110,13 @@ def setting_name(k: int, criterion) -> str:
   return 'greedy' if criterion is None else f'k{k}.{criterion}'.replace(':', '')
 
 
-def time_side_by_side(greedy_fn, blockwise_fn, src_ids, batch_size, repeats):
-  """Median seconds of greedy and of blockwise decoding of the same examples, run alternately.
+def time_side_by_side(fns, src_ids, batch_size, repeats, bucket=None, what='timing'):
+  """Median seconds of each fn(src_BxS) decoding the same examples, run alternately (bpd/timing.py).
 
-  Both are compiled and warmed up already. Alternating greedy and blockwise runs, and taking medians,
-  keeps a changing machine load (other jobs, thermal state) out of the ratio.
+  Every batch is padded to `bucket` (default: source_bucket(src_ids)); each fn first runs once, untimed, over
+  exactly the timed batches, and a trace or compile inside the timed runs raises timing.RecompileError.
+  Alternating the functions and taking medians keeps a changing machine load out of their ratio.
   """
-  greedy_s, blockwise_s = [], []
-  for _ in range(max(repeats, 1)):
-    greedy_s.append(run_batches(greedy_fn, src_ids, batch_size)[1])
-    blockwise_s.append(run_batches(blockwise_fn, src_ids, batch_size)[1])
-  return float(np.median(greedy_s)), float(np.median(blockwise_s))
+  bucket = bucket or source_bucket(src_ids)
+  runs = [lambda fn=fn: run_batches(fn, src_ids, batch_size, bucket=bucket)[0] for fn in fns]
+  return [float(s) for s in timing.time_alternating(runs, repeats, what)]

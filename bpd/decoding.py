@@ -6,7 +6,9 @@ The model enters as two plain functions over an opaque per-row state (every leaf
       Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1 and returns head 1's logits
       (the scoring model p_1) at each of them. Position 0 holds BOS; the n-th output token sits at
       position n. A call may overwrite positions a previous call wrote: that is how rejected tokens are
-      rolled back.
+      rolled back. start_B may also be a scalar int32 [] (every row at the same position: greedy and beam
+      search), which lets the model write its cache with one slice for the whole batch instead of a
+      per-row scatter; the outputs are the same as with jnp.full((B,), start).
   propose_fn(hidden_Bx...) -> logits_Bx(k-1)xV
       Heads 2..k at one position per row (the hidden state that score_fn returned for it).
 
@@ -145,29 +147,42 @@ def _mask_after(tokens_BxL, length_B):
   return jnp.where(jnp.arange(tokens_BxL.shape[1])[None, :] < length_B[:, None], tokens_BxL, PAD_ID)
 
 
-def greedy(score_fn: ScoreFn, state: Any, *, batch_size: int, max_len: int, bos_id: int, eos_id: int):
-  """Greedy decoding with the cached decoder: one token per row per model call.
-
-  Returns (tokens_BxL [B, max_len], length_B [B] tokens produced with EOS, steps: model invocations).
-  """
+def greedy_init(state: Any, *, batch_size: int, max_len: int, bos_id: int) -> tuple:
+  """The initial carry of greedy's loop: (step [], last_B, tokens_BxL [B, max_len], length_B, done_B, state)."""
   B = batch_size
+  return (jnp.int32(0), jnp.full((B,), bos_id, jnp.int32), jnp.zeros((B, max_len), jnp.int32),
+          jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool), state)
 
-  def cond(carry):
-    step, _, _, _, done_B, _ = carry
-    return (step < max_len) & ~jnp.all(done_B)
 
+def greedy_body(score_fn: ScoreFn, *, eos_id: int):
+  """One greedy step, the body of `greedy`'s while_loop: carry -> carry.
+
+  carry = (step [], last_B, tokens_BxL, length_B, done_B, state). Public so that a benchmark can compile and
+  cost-analyse exactly one step (XLA's cost analysis counts a while_loop's body once, not per iteration).
+  """
   def body(carry):
     step, last_B, tokens_BxL, length_B, done_B, state = carry
-    logits_Bx1xV, _, state = score_fn(state, last_B[:, None], jnp.full((B,), step, jnp.int32))
+    # Every row sits at position `step`: a scalar start, so the cache write is one slice, not a per-row scatter.
+    logits_Bx1xV, _, state = score_fn(state, last_B[:, None], step)
     next_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
     tokens_BxL = tokens_BxL.at[:, step].set(jnp.where(done_B, PAD_ID, next_B))
     length_B = length_B + (~done_B).astype(jnp.int32)
     done_B = done_B | (next_B == eos_id)
     return step + 1, next_B, tokens_BxL, length_B, done_B, state
+  return body
 
-  carry = (jnp.int32(0), jnp.full((B,), bos_id, jnp.int32), jnp.zeros((B, max_len), jnp.int32),
-           jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool), state)
-  steps, _, tokens_BxL, length_B, _, _ = jax.lax.while_loop(cond, body, carry)
+
+def greedy(score_fn: ScoreFn, state: Any, *, batch_size: int, max_len: int, bos_id: int, eos_id: int):
+  """Greedy decoding with the cached decoder: one token per row per model call.
+
+  Returns (tokens_BxL [B, max_len], length_B [B] tokens produced with EOS, steps: model invocations).
+  """
+  def cond(carry):
+    step, _, _, _, done_B, _ = carry
+    return (step < max_len) & ~jnp.all(done_B)
+
+  carry = greedy_init(state, batch_size=batch_size, max_len=max_len, bos_id=bos_id)
+  steps, _, tokens_BxL, length_B, _, _ = jax.lax.while_loop(cond, greedy_body(score_fn, eos_id=eos_id), carry)
   return tokens_BxL, length_B, steps
 
 
@@ -204,21 +219,12 @@ def _proposals(logits_BxV, hidden_Bx___, propose_fn, k):
   return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1).astype(jnp.int32)
 
 
-def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
-              bos_id: int, eos_id: int, criterion: Criterion = Criterion()) -> BlockwiseResult:
-  """Blockwise parallel decoding with combined scoring and proposal (paper §4).
-
-  One model invocation per iteration: feed ŷ_{j+1..j+k} at positions j+1..j+k; head 1's outputs at
-  positions j+1..j+k-1 verify ŷ_{j+2..j+k}; accept the longest verified prefix (k̂ tokens); the outputs
-  at position j+k̂ (head 1 from this call, heads 2..k projected only there) are the next proposals.
-  Each row accepts its own k̂. The model state needs a cache of at least max_len + k + 1 positions.
-  """
+def blockwise_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
+                   bos_id: int) -> DecodeState:
+  """The first model invocation (it only proposes ŷ_1..ŷ_k from BOS) and the loop's initial DecodeState."""
   B = batch_size
-  if criterion.min_block > k:
-    raise UserError(f'min_block={criterion.min_block} is larger than k={k}: lower min_block or raise k.')
-
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
-  first = DecodeState(
+  return DecodeState(
       model_state=state,
       tokens_BxL=jnp.zeros((B, max_len + k), jnp.int32),
       length_B=jnp.zeros((B,), jnp.int32),
@@ -228,10 +234,13 @@ def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_siz
       block_counts_BxK=jnp.zeros((B, k), jnp.int32),
       step=jnp.int32(0))
 
-  def cond(s: DecodeState):
-    return (s.step < max_len) & ~jnp.all(s.done_B)
 
+def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len: int, eos_id: int,
+                   criterion: Criterion = Criterion()):
+  """One blockwise iteration (verify k, accept k̂, propose the next k), the body of `blockwise`'s while_loop:
+  DecodeState -> DecodeState. Public so that a benchmark can compile and cost-analyse exactly one iteration."""
   def body(s: DecodeState):
+    B = s.length_B.shape[0]
     proposals_BxK = s.proposals_BxK
     # Verify: position j+i carries ŷ_{j+i}; its head-1 output scores ŷ_{j+i+1}.
     logits_BxKxV, hidden, model_state = score_fn(s.model_state, proposals_BxK, s.length_B + 1)
@@ -261,7 +270,26 @@ def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_siz
         block_counts_BxK=s.block_counts_BxK + (
             active_B[:, None] & (jnp.arange(1, k + 1)[None, :] == k_hat_B[:, None])).astype(jnp.int32),
         step=s.step + 1)
+  return body
 
+
+def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
+              bos_id: int, eos_id: int, criterion: Criterion = Criterion()) -> BlockwiseResult:
+  """Blockwise parallel decoding with combined scoring and proposal (paper §4).
+
+  One model invocation per iteration: feed ŷ_{j+1..j+k} at positions j+1..j+k; head 1's outputs at
+  positions j+1..j+k-1 verify ŷ_{j+2..j+k}; accept the longest verified prefix (k̂ tokens); the outputs
+  at position j+k̂ (head 1 from this call, heads 2..k projected only there) are the next proposals.
+  Each row accepts its own k̂. The model state needs a cache of at least max_len + k + 1 positions.
+  """
+  if criterion.min_block > k:
+    raise UserError(f'min_block={criterion.min_block} is larger than k={k}: lower min_block or raise k.')
+
+  def cond(s: DecodeState):
+    return (s.step < max_len) & ~jnp.all(s.done_B)
+
+  first = blockwise_init(score_fn, propose_fn, state, batch_size=batch_size, k=k, max_len=max_len, bos_id=bos_id)
+  body = blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=eos_id, criterion=criterion)
   s = jax.lax.while_loop(cond, body, first)
   return BlockwiseResult(
       tokens_BxL=_mask_after(s.tokens_BxL[:, :max_len], s.length_B),

@@ -76,17 +76,20 @@ def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, 
 
   Quality and acceptance come from decoding every example. Speed comes from `time_side_by_side` on the
   first `timing_examples` examples (0: all), `timing_repeats` times each: greedy_seconds and seconds of a
-  record are medians measured next to each other, and speedup is their ratio.
+  record are medians measured next to each other, and speedup is their ratio. The timed batches are padded
+  to the whole split's source bucket, the shape that was compiled and warmed up for the full decode
+  (a subset's own, shorter bucket would compile inside the first timed run).
   """
   greedy_fn = lambda src: decoder.greedy(params, src)
   greedy_out, _ = _decode_setting(greedy_fn, src_ids, batch_size, f'{split} greedy b{batch_size}')
   timing_ids = src_ids[:timing_examples] if timing_examples else src_ids
+  bucket = source_bucket(src_ids)
   greedy_tokens = [o[0] for o in greedy_out]
   greedy_hyps = [tokenizer.decode(t) for t in greedy_tokens]
   greedy_tokens_count = int(sum(int(o[1]) for o in greedy_out))
   greedy_bleu = bleu(greedy_hyps, references)
-  greedy_seconds = float(np.median([run_batches(greedy_fn, timing_ids, batch_size)[1]
-                                    for _ in range(max(timing_repeats, 1))]))
+  greedy_seconds, = time_side_by_side([greedy_fn], timing_ids, batch_size, timing_repeats, bucket,
+                                      f'{split} greedy b{batch_size}')
   write_lines(os.path.join(out_dir, f'{split}.greedy.b{batch_size}.txt'), greedy_hyps)
   base = {'split': split, 'batch_size': batch_size, 'examples': len(src_ids), 'step': step, 'model_k': model_k,
           'timing_examples': len(timing_ids), 'timing_repeats': max(timing_repeats, 1),
@@ -108,7 +111,8 @@ def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, 
 
     outputs, _ = _decode_setting(blockwise_fn, src_ids, batch_size, f'{split} {name} b{batch_size}')
     batch_calls = int(sum(int(c) for c in batch_invocations[1:]))  # [0] is the warm-up batch
-    g_seconds, seconds = time_side_by_side(greedy_fn, blockwise_fn, timing_ids, batch_size, timing_repeats)
+    g_seconds, seconds = time_side_by_side([greedy_fn, blockwise_fn], timing_ids, batch_size, timing_repeats, bucket,
+                                           f'{split} {name} b{batch_size}')
     tokens = [o.tokens_BxL for o in outputs]
     hyps = [tokenizer.decode(t) for t in tokens]
     write_lines(os.path.join(out_dir, f'{split}.{name}.b{batch_size}.txt'), hyps)

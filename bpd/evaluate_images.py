@@ -78,8 +78,10 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
                  model_k, step, timing_examples=0, timing_repeats=1):
   """Greedy plus every (k', criterion) of the sweep on one split at one batch size.
 
-  Speed as in translation (bpd/decoder.py, time_side_by_side): greedy and blockwise alternate on the first
-  `timing_examples` images (0: all), `timing_repeats` times; seconds are medians, speedup their ratio.
+  Speed as in translation (bpd/decoder.py time_side_by_side, shared): greedy and blockwise alternate on the first
+  `timing_examples` images (0: all), `timing_repeats` times, after a warm-up on exactly the timed batches and
+  with no compile allowed while timing; seconds are medians, speedup their ratio. (Every image source has the
+  same length, 192 sub-pixels, so the timed subset and the whole split share one padded shape.)
   Returns (records, {setting name: uint8 [N, 32, 32, 3] outputs}).
   """
   src_NxS = images.image_to_tokens(lowres_Nx8x8x3)
@@ -97,8 +99,8 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
             float(np.mean(images.ssim(outputs_Nx32x32x3, highres_Nx32x32x3))))
 
   greedy_out, _ = _decode_all(greedy_fn, src_NxS, batch_size, f'{split} greedy b{batch_size}')
-  greedy_seconds = float(np.median([decoder_lib.run_batches(greedy_fn, timing_rows, batch_size)[1]
-                                    for _ in range(max(timing_repeats, 1))]))
+  greedy_seconds, = decoder_lib.time_side_by_side([greedy_fn], timing_rows, batch_size, timing_repeats,
+                                               what=f'{split} greedy b{batch_size}')
   greedy_tokens_NxL = np.stack([o[0] for o in greedy_out])
   greedy_images = outputs_to_images(greedy_tokens_NxL)
   greedy_tokens_count = int(sum(int(o[1]) for o in greedy_out))
@@ -126,8 +128,8 @@ def decode_split(decoder, params, split, lowres_Nx8x8x3, highres_Nx32x32x3, swee
     name = decoder_lib.setting_name(k, criterion)
     blockwise_fn = lambda src, k=k, criterion=criterion: decoder.blockwise(params, src, k=k, criterion=criterion)
     outputs, _ = _decode_all(blockwise_fn, src_NxS, batch_size, f'{split} {name} b{batch_size}')
-    g_seconds, seconds = decoder_lib.time_side_by_side(greedy_fn, blockwise_fn, timing_rows, batch_size,
-                                                    timing_repeats)
+    g_seconds, seconds = decoder_lib.time_side_by_side([greedy_fn, blockwise_fn], timing_rows, batch_size,
+                                                    timing_repeats, what=f'{split} {name} b{batch_size}')
     tokens_NxL = np.stack([o.tokens_BxL for o in outputs])
     out_images = outputs_to_images(tokens_NxL)
     outputs_by_name[name] = out_images

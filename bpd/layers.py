@@ -103,14 +103,28 @@ def ordinal_pixel_embedding_init(base_init, width: int = ORDINAL_WIDTH):
   return init
 
 
-def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype) -> jax.Array:
-  """Scaled dot-product attention; softmax in float32. Returns [B, T, H, K]."""
+def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype, heads_major=False) -> jax.Array:
+  """Scaled dot-product attention; softmax in float32. Returns [B, T, H, K].
+
+  heads_major: keys and values come as [B, H, S, K] (the decoding caches' layout, `attend_cached`).
+  """
+  kv = 'bhsk' if heads_major else 'bshk'
   depth = q_BxTxHxK.shape[-1]
-  logits_BxHxTxS = jnp.einsum('bthk,bshk->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
+  logits_BxHxTxS = jnp.einsum(f'bthk,{kv}->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
   logits_BxHxTxS = logits_BxHxTxS / np.sqrt(depth).astype(np.float32)
   logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, NEG_INF)
   weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
-  return jnp.einsum('bhts,bshk->bthk', weights_BxHxTxS, v_BxSxHxK)
+  return jnp.einsum(f'bhts,{kv}->bthk', weights_BxHxTxS, v_BxSxHxK)
+
+
+def attend_cached(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Array:
+  """`attend` with keys and values stored heads-major, [B, H, S, K], as the decoding caches are.
+
+  Why a second layout: with [B, S, H, K] caches XLA's CPU backend transposed every layer's whole key cache on
+  every decoding call to form the per-head products, 2.3 ms of a 18 ms greedy step at batch 32 (issue #12);
+  heads-major, each (b, h) product reads a contiguous [S, K] block. Returns [B, T, H, K].
+  """
+  return attend(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dtype, heads_major=True)
 
 
 def local_block_attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block: int, dtype) -> jax.Array:
@@ -149,14 +163,25 @@ def local_block_attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block: int, dtype) -> ja
   return out_BNxWxHxK.reshape(batch, num_blocks * block, heads, depth)[:, :length]
 
 
-def write_rows(cache_BxLx___: jax.Array, new_BxTx___: jax.Array, start_B: jax.Array) -> jax.Array:
-  """cache[b, start[b] : start[b] + T] = new[b] for every row b (rows start at different positions).
+def write_rows(cache: jax.Array, new: jax.Array, start_B: jax.Array, axis: int = 1) -> jax.Array:
+  """cache[b, ..., start[b] : start[b] + T, ...] = new[b] along `axis` for every row b (rows start at different
+  positions); `new` has the shape of `cache` with T at `axis`.
 
+  A scalar start (every row at the same position, as in greedy decoding) is one dynamic_update_slice of the
+  whole batch; per-row starts are a vmapped one, which XLA lowers to a scatter.
   The caller guarantees start[b] + T <= L (dynamic_update_slice would otherwise clamp the start).
   """
-  def one_row(cache_Lx___, new_Tx___, start):
-    return jax.lax.dynamic_update_slice_in_dim(cache_Lx___, new_Tx___.astype(cache_Lx___.dtype), start, 0)
-  return jax.vmap(one_row)(cache_BxLx___, new_BxTx___, start_B)
+  if jnp.ndim(start_B) == 0:
+    return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), start_B, axis)
+
+  def one_row(cache_row, new_row, start):
+    return jax.lax.dynamic_update_slice_in_dim(cache_row, new_row.astype(cache_row.dtype), start, axis - 1)
+  return jax.vmap(one_row)(cache, new, start_B)
+
+
+def query_positions(start_B: jax.Array, batch: int, num_new: int) -> jax.Array:
+  """Positions start_B[b] .. start_B[b] + T - 1 of T new tokens: [B, T]. start_B is [B] or a scalar (all rows)."""
+  return jnp.broadcast_to(jnp.asarray(start_B)[..., None] + jnp.arange(num_new), (batch, num_new))
 
 
 class MultiHeadAttention(nn.Module):
@@ -187,6 +212,10 @@ class MultiHeadAttention(nn.Module):
     """Attend from x to precomputed keys and values. Returns [B, T, D]."""
     out_BxTxHxK = attend(self.query(x_BxTxD), k_BxSxHxK, v_BxSxHxK, mask_BxTxS, self.dtype)
     return self.dropout(self.out(out_BxTxHxK), deterministic=deterministic)
+
+  def attend_cache(self, x_BxTxD, k_BxHxSxK, v_BxHxSxK, mask_BxTxS):
+    """Attend from x to cached heads-major keys and values (decoding; see `attend_cached`). Returns [B, T, D]."""
+    return self.out(attend_cached(self.query(x_BxTxD), k_BxHxSxK, v_BxHxSxK, mask_BxTxS, self.dtype))
 
   def __call__(self, x_BxTxD, y_BxSxD, mask_BxTxS, deterministic=True):
     k_BxSxHxK, v_BxSxHxK = self.project_kv(y_BxSxD)
@@ -278,21 +307,22 @@ class DecoderLayer(nn.Module):
     return self.cross_attn.project_kv(enc_BxSxD)
 
   def init_cache(self, enc_BxSxD, cache_len: int):
-    """A zero self-attention cache of `cache_len` positions plus this layer's cross-attention keys/values."""
+    """A zero self-attention cache of `cache_len` positions plus this layer's cross-attention keys/values, all
+    heads-major ([B, H, L or S, K], see `attend_cached`): the cross keys/values are transposed once here."""
     batch = enc_BxSxD.shape[0]
     head_dim = self.d_model // self.num_heads
-    cross_k, cross_v = self.cross_kv(enc_BxSxD)
-    zeros = jnp.zeros((batch, cache_len, self.num_heads, head_dim), self.dtype)
-    return {'k_BxLxHxK': zeros, 'v_BxLxHxK': zeros, 'cross_k_BxSxHxK': cross_k, 'cross_v_BxSxHxK': cross_v}
+    cross_k, cross_v = (jnp.swapaxes(x, 1, 2) for x in self.cross_kv(enc_BxSxD))
+    zeros = jnp.zeros((batch, self.num_heads, cache_len, head_dim), self.dtype)
+    return {'k_BxHxLxK': zeros, 'v_BxHxLxK': zeros, 'cross_k_BxHxSxK': cross_k, 'cross_v_BxHxSxK': cross_v}
 
   def extend(self, x_BxTxD, cache, start_B, cross_mask_BxTxS):
     """Run T new positions per row, at positions start_B[b] .. start_B[b] + T - 1. Returns (y_BxTxD, cache)."""
     h = self.ln_self(x_BxTxD)
-    k_new, v_new = self.self_attn.project_kv(h)
-    k_BxLxHxK = write_rows(cache['k_BxLxHxK'], k_new, start_B)
-    v_BxLxHxK = write_rows(cache['v_BxLxHxK'], v_new, start_B)
-    num_new, cache_len = x_BxTxD.shape[1], k_BxLxHxK.shape[1]
-    query_pos_BxT = start_B[:, None] + jnp.arange(num_new)[None, :]
+    k_new_BxTxHxK, v_new_BxTxHxK = self.self_attn.project_kv(h)
+    k_BxHxLxK = write_rows(cache['k_BxHxLxK'], jnp.swapaxes(k_new_BxTxHxK, 1, 2), start_B, axis=2)
+    v_BxHxLxK = write_rows(cache['v_BxHxLxK'], jnp.swapaxes(v_new_BxTxHxK, 1, 2), start_B, axis=2)
+    num_new, cache_len = x_BxTxD.shape[1], k_BxHxLxK.shape[2]
+    query_pos_BxT = query_positions(start_B, x_BxTxD.shape[0], num_new)
     # A query sees cached positions up to its own; later slots (stale or empty) are masked.
     self_mask_BxTxL = jnp.arange(cache_len)[None, None, :] <= query_pos_BxT[:, :, None]
     if self.attention_block:
@@ -300,12 +330,12 @@ class DecoderLayer(nn.Module):
       # `local_block_attend` gives in training. The cache stays full-length; this mask makes the paths equal.
       key_block_L = jnp.arange(cache_len) // self.attention_block
       self_mask_BxTxL &= key_block_L[None, None, :] >= (query_pos_BxT // self.attention_block - 1)[:, :, None]
-    x_BxTxD = x_BxTxD + self.self_attn.attend_kv(h, k_BxLxHxK, v_BxLxHxK, self_mask_BxTxL)
+    x_BxTxD = x_BxTxD + self.self_attn.attend_cache(h, k_BxHxLxK, v_BxHxLxK, self_mask_BxTxL)
     h = self.ln_cross(x_BxTxD)
-    x_BxTxD = x_BxTxD + self.cross_attn.attend_kv(h, cache['cross_k_BxSxHxK'], cache['cross_v_BxSxHxK'],
-                                                    cross_mask_BxTxS)
+    x_BxTxD = x_BxTxD + self.cross_attn.attend_cache(h, cache['cross_k_BxHxSxK'], cache['cross_v_BxHxSxK'],
+                                                       cross_mask_BxTxS)
     x_BxTxD = x_BxTxD + self.ff(self.ln_ff(x_BxTxD))
-    new_cache = dict(cache, k_BxLxHxK=k_BxLxHxK, v_BxLxHxK=v_BxLxHxK)
+    new_cache = dict(cache, k_BxHxLxK=k_BxHxLxK, v_BxHxLxK=v_BxHxLxK)
     return x_BxTxD, new_cache
 
 
@@ -344,8 +374,16 @@ class MultiOutput(nn.Module):
     """Returns the first `num_used` (default all n) heads' vectors: [..., num_used, D]."""
     used = self.num_heads if num_used is None else num_used
     x = hidden_Bx___xD.astype(self.dtype)
-    h = nn.relu(jnp.einsum('...d,ndf->...nf', x, self.wi_kernel[:used].astype(self.dtype)) + self.wi_bias[:used])
-    out_Bx___xNxD = jnp.einsum('...nf,nfd->...nd', h, self.wo_kernel[:used].astype(self.dtype)) + self.wo_bias[:used]
+    # Head axis first, as the batch axis of two batched matmuls ([n, M, d] @ [n, d, f], then @ [n, f, d]): written
+    # as '...d,ndf->...nf' XLA's CPU backend transposed the whole [n, d, f] kernel to [d, n, f] on every call,
+    # reading and writing 7.3 MB more per decoding iteration at k = 8 (issue #12). Broadcasting x costs n·M·d.
+    x_Nx___xD = jnp.broadcast_to(x, (used,) + x.shape)
+    unsqueeze = lambda b_NxE: b_NxE[:used].reshape((used,) + (1,) * (x.ndim - 1) + b_NxE.shape[-1:])
+    h_Nx___xF = nn.relu(jnp.einsum('n...d,ndf->n...f', x_Nx___xD, self.wi_kernel[:used].astype(self.dtype))
+                        + unsqueeze(self.wi_bias))
+    out_Nx___xD = (jnp.einsum('n...f,nfd->n...d', h_Nx___xF, self.wo_kernel[:used].astype(self.dtype))
+                   + unsqueeze(self.wo_bias))
+    out_Bx___xNxD = jnp.moveaxis(out_Nx___xD, 0, -2)
     return self.ln(out_Bx___xNxD + x[..., None, :])
 
   def one_head(self, hidden_Bx___xD, index):

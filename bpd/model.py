@@ -65,6 +65,10 @@ class ModelConfig:
   # input image. With image_side > 0, positions are encoded as 2D coordinates (see layers.image_positions).
   image_side: int = 0
   image_input_side: int = 0
+  # Hidden width of each proposal head in the multi-output layer (paper §4: d_ff); 0 = d_ff, so model.json files
+  # written before this field load unchanged. Decoding reads all (k-1)·2·d·head_hidden of these weights every
+  # iteration: 14.7 MB at k = 8, d = 256, d_ff = 1024, as much as the rest of the decoder (issue #12).
+  head_hidden: int = 0
   # Images: add the embedding of the co-located input sub-pixel to each decoder position's input (see
   # layers.colocated_source_index and Transformer._colocated). A DEVIATION from the paper and from the Image
   # Transformer (Parmar et al. 2018), whose decoder sees the input only through cross-attention. Default off, so
@@ -118,7 +122,7 @@ class Transformer(nn.Module):
     self.decoder_norm = nn.LayerNorm(dtype=dtype)
     self.dropout = nn.Dropout(c.dropout_rate)
     if c.k > 1:
-      self.multi_output = layers.MultiOutput(c.k - 1, c.d_model, c.d_ff, dtype)
+      self.multi_output = layers.MultiOutput(c.k - 1, c.d_model, c.head_hidden or c.d_ff, dtype)
 
   # -- pieces shared by training and decoding --------------------------------------------------------------
 
@@ -238,13 +242,13 @@ class Transformer(nn.Module):
     return state
 
   def score(self, state, tokens_BxT, start_B):
-    """Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1.
+    """Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1 (start_B [B], or [] for all rows).
 
     Returns (head-1 logits [B, T, V], decoder output [B, T, D], new state). Only head 1 is projected
     onto the vocabulary here: verification needs nothing else (DESIGN §3, no k² projections).
     """
     num_new = tokens_BxT.shape[1]
-    positions_BxT = start_B[:, None] + jnp.arange(num_new)[None, :]
+    positions_BxT = layers.query_positions(start_B, tokens_BxT.shape[0], num_new)
     x = self._embed(tokens_BxT, positions_BxT, deterministic=True, src_BxS=state.get('src_BxS'))
     src_mask = state['src_mask_BxS']
     cross_BxTxS = jnp.broadcast_to(src_mask[:, None, :], (x.shape[0], num_new, src_mask.shape[1]))
@@ -279,18 +283,48 @@ def add_heads(base_params: dict, k_head_params: dict) -> dict:
   return {**base_params, 'multi_output': k_head_params['multi_output']}
 
 
+def first_heads(model: Transformer, params: Any, num_heads: int) -> tuple[Transformer, Any]:
+  """(model, params) of the k'-head model made of the first k' = num_heads heads of a k-head model.
+
+  The first k' heads of a k-head model are a k'-head model (layers.MultiOutput). decode_fns slices their weights
+  here, once per decode (inside the jitted function, outside its loop): sliced inside the layer, XLA's CPU backend
+  copied the kept [k'-1, d, d_ff] kernels on every iteration (issue #12).
+  """
+  if not 1 <= num_heads <= model.config.k:
+    raise UserError(f'Cannot decode with {num_heads} heads: the model has k={model.config.k}; '
+                    f'choose k between 1 and {model.config.k}.')
+  if num_heads in (1, model.config.k):  # k' = 1 never proposes: the multi-output layer is not called
+    return model, params
+  per_head = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias')  # leading axis = head; 'ln' is shared by the heads
+  heads = {name: value[:num_heads - 1] if name in per_head else value
+           for name, value in params['multi_output'].items()}
+  return Transformer(dataclasses.replace(model.config, k=num_heads)), {**params, 'multi_output': heads}
+
+
+def params_in_compute_dtype(params: Any, dtype: str) -> Any:
+  """The floating parameters cast to the activation dtype (bfloat16 models), once, before a decoding loop.
+
+  Training keeps float32 parameters and each layer casts its weights to `dtype` when it runs. Inside a decoding
+  loop that cast runs on every step, and the step reads the float32 weights: compiled for TPU v5e, a `base` model
+  in bfloat16 read about 573 MB per greedy step at batch 1, several times its bfloat16 weights (issue #12). Cast
+  here, outside the loop, the loop reads the weights in the compute dtype. float32 models are returned unchanged.
+  """
+  if jnp.dtype(dtype) == jnp.float32:
+    return params
+  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
 def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
   """The model as the plain functions `bpd.decoding` takes, proposing with its first `num_heads` heads.
 
   Call inside the jitted function that decodes (with `params` a traced argument), so the parameters are
-  not baked into the compiled program as constants.
+  not baked into the compiled program as constants; for bfloat16 models they are cast once here, outside the
+  decoding loop (`params_in_compute_dtype`).
   Returns (init_state(src_BxS, cache_len), score_fn(state, tokens_BxT, start_B), propose_fn(hidden_BxD)).
   """
   heads = model.config.k if num_heads is None else num_heads
-  if not 1 <= heads <= model.config.k:
-    raise UserError(f'Cannot decode with {heads} heads: the model has k={model.config.k}; '
-                    f'choose k between 1 and {model.config.k}.')
-  variables = {'params': params}
+  model, params = first_heads(model, params, heads)
+  variables = {'params': params_in_compute_dtype(params, model.config.dtype)}
 
   def init_state(src_BxS, cache_len):
     return model.apply(variables, src_BxS, cache_len, method=Transformer.init_decode_state)

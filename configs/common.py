@@ -95,7 +95,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.timing_examples = 0  # time greedy vs blockwise on the first N examples (0 = all)
   c.decode.batch1_examples = 0  # images: batch size 1 decodes only the first N examples (0 = all)
   c.decode.matmul_precision = ''  # '' (the backend's default) | 'highest' (float32 matmuls on GPU/TPU)
-  c.decode.timing_repeats = 1  # alternate greedy/blockwise runs this many times; medians give the speedup
+  c.decode.timing_repeats = 3  # alternate greedy/blockwise runs this many times; medians give the speedup
 
   c.distill = ml_collections.ConfigDict()
   c.distill.beam_size = 4

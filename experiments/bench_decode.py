@@ -1,23 +1,37 @@
-r"""The price of verification: time of one blockwise iteration / time of one greedy step.
+r"""The price of verification: time of one blockwise iteration / time of one greedy step, with its accounting.
 
   python -m experiments.bench_decode --config=configs/multi30k_ende.py --json=bench.json
 
 For the model size in the config (random weights), both decoders run their real jitted `lax.while_loop`s
-over the same encoder state, side by side in one process, after compile and warm-up:
+over the same encoder state, side by side in one process:
   greedy:    `max_len` steps, one token each (eos_id = -1 so no row stops early);
   blockwise: criterion min_block:k, so every iteration scores k tokens, accepts k and proposes the next
              k; max_len / k iterations plus the initial proposal call.
-greedy_step_s = greedy time / max_len; block_step_s = (blockwise time - one greedy step, for the initial
-proposal call) / iterations. Each time is the median of --repeats runs, greedy and blockwise alternating.
+For EACH (k, batch) row, greedy and blockwise alternate --repeats times after one untimed warm-up run of each on
+exactly the timed inputs (bpd/timing.py: a trace or compile inside the timed runs raises). greedy_step_s =
+median greedy time / max_len; block_step_s = (median blockwise time - one greedy step, for the initial proposal
+call) / iterations; ratio = block_step_s / greedy_step_s, both from the same row's alternating runs.
 For one sequence of m tokens decoded in m / k̂ iterations (k̂ = mean accepted block size), the wall-clock
 speedup is about m / ((m / k̂ + 1) · ratio), i.e. k̂ / ratio for long outputs; in a batch the loop runs until
-its slowest row is done. On accelerators the ratio is close to 1.
+its slowest row is done.
+
+Accounting (why the ratio is what it is). For one greedy step (one score call on 1 token + argmax) and one
+blockwise iteration (the loop body: score k tokens, accept, propose at one position), each compiled on its own:
+  xla_*:    FLOPs and bytes accessed from XLA's cost analysis of the compiled step (not of the loop: XLA counts a
+            while_loop's body once whatever the trip count; the script prints that check).
+  count_*:  the same from the shapes: 2 x multiply-adds of the decoder layers at T positions (projections,
+            attention over the whole cache and source, feed-forward), of the vocabulary projections (1 for a
+            greedy step; k to verify + k - 1 proposals for an iteration, DESIGN §3) and of the multi-output layer
+            at one position; bytes = the weights read once (float32) + the KV caches read.
+  achieved GFLOP/s and GB/s = count / measured time, against this machine's measured peaks (a large float32
+  matmul under jit; a large array sum under jit). roofline_ratio = max(FLOPs / peak, bytes / bandwidth) of an
+  iteration over that of a greedy step: the ratio a machine at its roofline would give.
 """
 
+import dataclasses
 import functools
 import json
 import statistics
-import time
 
 from absl import app
 from absl import flags
@@ -28,6 +42,7 @@ import numpy as np
 
 from bpd import decoding
 from bpd import model as model_lib
+from bpd import timing
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file; its model size and vocabulary are used.')
 _JSON = flags.DEFINE_string('json', None, 'Write the records here as a JSON list.')
@@ -36,21 +51,73 @@ _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '8', '32'], 'Batch sizes t
 _MAX_LEN = flags.DEFINE_integer('max_len', 120, 'Tokens decoded per run (a multiple of every k keeps '
                                 'every block full).')
 _SRC_LEN = flags.DEFINE_integer('src_len', 24, 'Source length.')
-_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed runs per setting (median reported).')
+_HEAD_HIDDEN = flags.DEFINE_integer('head_hidden', 0, 'Hidden width of each proposal head (model.head_hidden; '
+                                    '0 = d_ff, the paper\'s multi-output layer).')
+_REPEATS = flags.DEFINE_integer('repeats', 7, 'Alternating timed runs per (k, batch) row (medians reported).')
 
 BOS = 2
 NEVER = -1  # an EOS id that argmax never returns: every row decodes max_len tokens
+F32 = 4  # bytes
 
 
-def _time(fn, *args):
-  start = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  return time.perf_counter() - start
+# -- this machine's peaks -------------------------------------------------------------------------------------
+
+def machine_peaks(repeats=7, matmul_n=2048, sum_mb=256, cached_mb=8):
+  """Measured float32 matmul GFLOP/s (n x n @ n x n under jit) and memory GB/s (sum of an array under jit): of
+  `sum_mb` (main memory) and of `cached_mb` (fits this team's 32 MB L3, where a greedy step's ~16 MB of weights
+  can stay between steps).
+
+  Peaks are what the machine can do, so they take the fastest of the runs, not the median: on a machine shared
+  with other jobs the median measures the other jobs too.
+  """
+  a = jax.random.normal(jax.random.PRNGKey(0), (matmul_n, matmul_n), jnp.float32)
+  x = jnp.ones((sum_mb * 2**20 // F32,), jnp.float32)
+  y = jnp.ones((cached_mb * 2**20 // F32,), jnp.float32)
+  matmul = jax.jit(lambda a: a @ a)
+  total = jax.jit(jnp.sum)
+  matmul_s, sum_s, cached_s = timing.time_alternating([lambda: matmul(a), lambda: total(x), lambda: total(y)],
+                                                      repeats, 'machine peaks', min)
+  return {'peak_gflop_s': 2 * matmul_n**3 / matmul_s / 1e9, 'peak_gbyte_s': x.nbytes / sum_s / 1e9,
+          'cached_gbyte_s': y.nbytes / cached_s / 1e9}
 
 
-def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=0):
-  """Returns a list of {k, batch_size, greedy_step_s, block_step_s, ratio, ...} records."""
+# -- FLOPs and bytes ------------------------------------------------------------------------------------------
+
+def xla_cost(jitted, *args, **kwargs):
+  """(FLOPs, bytes accessed) from XLA's cost analysis of jitted(*args, **kwargs), compiled (not run)."""
+  cost = jitted.lower(*args, **kwargs).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # older JAX returns one dict per device
+  return float(cost.get('flops', 0.0)), float(cost.get('bytes accessed', 0.0))
+
+
+def shape_count(c: model_lib.ModelConfig, *, batch: int, new_tokens: int, cache_len: int, src_len: int,
+                projections: int, proposal_heads: int):
+  """FLOPs and minimum bytes of one decoder call from the shapes (see the module docstring).
+
+  new_tokens = T positions per row through the decoder; projections = vectors per row projected onto the
+  vocabulary; proposal_heads = heads of the multi-output layer evaluated (at one position per row).
+  Returns {'flops', 'weight_bytes', 'cache_bytes', 'bytes'}.
+  """
+  d, f, v = c.d_model, c.d_ff, c.vocab_size
+  head_f = c.head_hidden or f
+  # Per position and decoder layer: self q, k, v, out (4 d²), cross q, out (2 d²; cross keys/values are cached),
+  # feed-forward (2 d f), attention over the whole cache and the source (scores and weighted sum: 2 L d + 2 S d).
+  layer_macs = 6 * d * d + 2 * d * f + 2 * cache_len * d + 2 * src_len * d
+  macs = batch * (new_tokens * c.num_decoder_layers * layer_macs + projections * v * d
+                  + proposal_heads * 2 * d * head_f)
+  layer_weights = 6 * d * d + 2 * d * f
+  weights = c.num_decoder_layers * layer_weights + v * d + proposal_heads * 2 * d * head_f
+  cache = batch * c.num_decoder_layers * 2 * (cache_len + src_len) * d  # self and cross keys and values
+  return {'flops': 2.0 * macs, 'weight_bytes': F32 * weights, 'cache_bytes': F32 * cache,
+          'bytes': F32 * (weights + cache)}
+
+
+# -- the benchmark --------------------------------------------------------------------------------------------
+
+def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=0, peaks=None):
+  """Returns a list of {k, batch_size, greedy_step_s, block_step_s, ratio, ...accounting} records."""
   cache_len = max_len + max(k_values) + 1
+  c = model.config
 
   @jax.jit
   def encode(params, src):
@@ -71,37 +138,94 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
                                 criterion=decoding.Criterion(min_block=k))
     return result.tokens_BxL, result.invocations
 
+  # One greedy step and one blockwise iteration, alone, for XLA's cost analysis.
+  @jax.jit
+  def greedy_carry(state):
+    return decoding.greedy_init(state, batch_size=state['src_mask_BxS'].shape[0], max_len=max_len, bos_id=BOS)
+
+  @jax.jit
+  def greedy_step(params, carry):
+    _, score_fn, _ = model_lib.decode_fns(model, params)
+    return decoding.greedy_body(score_fn, eos_id=NEVER)(carry)
+
+  # The k-head slice of the parameters is taken once per decode, outside the loop (model_lib.first_heads): take it
+  # here too, outside the compiled iteration, so that its one-time copy is not counted as a per-iteration cost.
+  heads_params = functools.partial(jax.jit, static_argnames='k')(lambda params, k: model_lib.first_heads(
+      model, params, k)[1])
+  heads_model = lambda k: model if k == c.k else model_lib.Transformer(dataclasses.replace(c, k=k))
+
+  @functools.partial(jax.jit, static_argnames='k')
+  def block_carry(params_k, state, k):
+    _, score_fn, propose_fn = model_lib.decode_fns(heads_model(k), params_k)
+    return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=state['src_mask_BxS'].shape[0], k=k,
+                                   max_len=max_len, bos_id=BOS)
+
+  @functools.partial(jax.jit, static_argnames='k')
+  def block_step(params_k, s, k):
+    _, score_fn, propose_fn = model_lib.decode_fns(heads_model(k), params_k)
+    return decoding.blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=NEVER,
+                                   criterion=decoding.Criterion(min_block=k))(s)
+
+  peaks = peaks or machine_peaks()
   records = []
   rng = np.random.RandomState(seed)
   for batch_size in batch_sizes:
-    src = jnp.asarray(rng.randint(4, model.config.vocab_size, size=(batch_size, src_len)), jnp.int32)
+    src = jnp.asarray(rng.randint(4, c.vocab_size, size=(batch_size, src_len)), jnp.int32)
     state = jax.block_until_ready(encode(params, src))
-    _time(run_greedy, params, state)  # compile + warm-up
-    invocations = {}
+    greedy_flops, greedy_bytes = xla_cost(greedy_step, params, greedy_carry(state))
+    loop_flops, _ = xla_cost(run_greedy, params, state)
+    greedy_count = shape_count(c, batch=batch_size, new_tokens=1, cache_len=cache_len, src_len=src_len,
+                               projections=1, proposal_heads=0)
+    print(f'batch {batch_size}: XLA counts the whole {max_len}-step greedy loop at {loop_flops / greedy_flops:.2f} x '
+          'one step: a while_loop body is counted once, so costs below come from steps compiled alone.')
     for k in k_values:
-      _time(functools.partial(run_block, k=k), params, state)
-      invocations[k] = int(run_block(params, state, k=k)[1])
-    greedy_times = []
-    block_times = {k: [] for k in k_values}
-    for _ in range(repeats):
-      greedy_times.append(_time(run_greedy, params, state))
-      for k in k_values:
-        block_times[k].append(_time(functools.partial(run_block, k=k), params, state))
-    greedy_step = statistics.median(greedy_times) / max_len
-    for k in k_values:
-      iterations = invocations[k] - 1  # the first invocation only proposes; it costs about one greedy step
-      block_step = (statistics.median(block_times[k]) - greedy_step) / iterations
-      records.append({'k': k, 'batch_size': batch_size, 'greedy_step_s': greedy_step, 'block_step_s': block_step,
-                      'ratio': block_step / greedy_step, 'iterations': iterations, 'max_len': max_len})
+      g_seconds, b_seconds = timing.time_alternating(
+          [lambda: run_greedy(params, state), lambda k=k: run_block(params, state, k=k)], repeats,
+          f'bench k={k} batch={batch_size}')
+      iterations = int(run_block(params, state, k=k)[1]) - 1  # the first invocation only proposes
+      greedy_s = g_seconds / max_len
+      block_s = (b_seconds - greedy_s) / iterations
+      params_k = heads_params(params, k=k)
+      block_flops, block_bytes = xla_cost(block_step, params_k, block_carry(params_k, state, k=k), k=k)
+      block_count = shape_count(c, batch=batch_size, new_tokens=k, cache_len=cache_len, src_len=src_len,
+                                projections=2 * k - 1, proposal_heads=k - 1)
+      roof = lambda count, bandwidth='peak_gbyte_s': max(count['flops'] / (peaks['peak_gflop_s'] * 1e9),
+                                                         count['bytes'] / (peaks[bandwidth] * 1e9))
+      records.append({
+          'k': k, 'batch_size': batch_size, 'greedy_step_s': greedy_s, 'block_step_s': block_s,
+          'ratio': block_s / greedy_s, 'iterations': iterations, 'max_len': max_len, 'repeats': repeats,
+          'greedy_flops_xla': greedy_flops, 'greedy_bytes_xla': greedy_bytes,
+          'block_flops_xla': block_flops, 'block_bytes_xla': block_bytes,
+          'greedy_flops_count': greedy_count['flops'], 'greedy_bytes_count': greedy_count['bytes'],
+          'block_flops_count': block_count['flops'], 'block_bytes_count': block_count['bytes'],
+          'block_weight_bytes_count': block_count['weight_bytes'],
+          'greedy_gflop_s': greedy_count['flops'] / greedy_s / 1e9,
+          'block_gflop_s': block_count['flops'] / block_s / 1e9,
+          'greedy_gbyte_s': greedy_count['bytes'] / greedy_s / 1e9,
+          'block_gbyte_s': block_count['bytes'] / block_s / 1e9,
+          'greedy_roofline_s': roof(greedy_count), 'block_roofline_s': roof(block_count),
+          'roofline_ratio': roof(block_count) / roof(greedy_count),
+          'roofline_ratio_cached': roof(block_count, 'cached_gbyte_s') / roof(greedy_count, 'cached_gbyte_s'),
+          **peaks})
   return records
 
 
 def format_table(records, title=''):
   lines = [title] if title else []
-  lines += ['| k | batch | greedy step (ms) | blockwise iteration (ms) | ratio |', '|---|---|---|---|---|']
+  lines += ['| k | batch | greedy step (ms) | blockwise iteration (ms) | ratio | roofline ratio (memory; L3) | '
+            'GFLOP greedy / iter (XLA; count) | MB greedy / iter (XLA; weights+cache) | '
+            'achieved GFLOP/s greedy / iter | achieved GB/s greedy / iter |',
+            '|---|---|---|---|---|---|---|---|---|---|']
   for r in records:
-    lines.append(f"| {r['k']} | {r['batch_size']} | {1e3 * r['greedy_step_s']:.2f} | "
-                 f"{1e3 * r['block_step_s']:.2f} | {r['ratio']:.2f} |")
+    lines.append(
+        f"| {r['k']} | {r['batch_size']} | {1e3 * r['greedy_step_s']:.2f} | {1e3 * r['block_step_s']:.2f} | "
+        f"{r['ratio']:.2f} | {r['roofline_ratio']:.2f}; {r['roofline_ratio_cached']:.2f} | "
+        f"{r['greedy_flops_xla'] / 1e9:.3f} / {r['block_flops_xla'] / 1e9:.3f} "
+        f"({r['greedy_flops_count'] / 1e9:.3f} / {r['block_flops_count'] / 1e9:.3f}) | "
+        f"{r['greedy_bytes_xla'] / 1e6:.1f} / {r['block_bytes_xla'] / 1e6:.1f} "
+        f"({r['greedy_bytes_count'] / 1e6:.1f} / {r['block_bytes_count'] / 1e6:.1f}) | "
+        f"{r['greedy_gflop_s']:.1f} / {r['block_gflop_s']:.1f} | "
+        f"{r['greedy_gbyte_s']:.1f} / {r['block_gbyte_s']:.1f} |")
   return '\n'.join(lines)
 
 
@@ -110,15 +234,19 @@ def main(argv):
   config = _CONFIG.value
   k_values = [int(k) for k in _KS.value]
   model_config = model_lib.model_config(config.model.size, vocab_size=config.data.vocab_size, k=max(k_values),
-                                        dropout_rate=0.0, dtype=config.model.dtype)
+                                        dropout_rate=0.0, dtype=config.model.dtype, head_hidden=_HEAD_HIDDEN.value)
   model = model_lib.Transformer(model_config)
   params = model_lib.init_params(model_config, jax.random.PRNGKey(0))
+  peaks = machine_peaks()
   records = bench(model, params, k_values, [int(b) for b in _BATCH_SIZES.value], _MAX_LEN.value, _SRC_LEN.value,
-                  _REPEATS.value)
+                  _REPEATS.value, peaks=peaks)
   c = model_config
   title = (f'model {config.model.size}: d={c.d_model}, {c.num_encoder_layers}+{c.num_decoder_layers} layers, '
-           f'ff {c.d_ff}, vocab {c.vocab_size}; {jax.devices()[0].platform}, {len(jax.devices())} device(s); '
-           f'{_MAX_LEN.value} tokens per run, median of {_REPEATS.value}')
+           f'ff {c.d_ff}, head_hidden {c.head_hidden or c.d_ff}, vocab {c.vocab_size}, {c.dtype}; '
+           f'{jax.devices()[0].platform}, {len(jax.devices())} device(s); {_MAX_LEN.value} tokens per run, '
+           f'median of {_REPEATS.value} alternating runs per row; '
+           f"measured peaks {peaks['peak_gflop_s']:.1f} GFLOP/s (float32 matmul), "
+           f"{peaks['peak_gbyte_s']:.1f} GB/s (256 MB array sum), {peaks['cached_gbyte_s']:.1f} GB/s (8 MB, in L3)")
   print(format_table(records, title))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:

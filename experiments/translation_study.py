@@ -81,7 +81,7 @@ class Plan:
   max_examples: int = 0
   batch1_examples: int = 0
   timing_examples: int = 0
-  timing_repeats: int = 1
+  timing_repeats: int = 3
   ood: str = 'examples=500,max_len=128,criteria=exact'
   base_steps: int = 0
   head_steps: int = 0

@@ -53,6 +53,7 @@ class Stub:
 
   def score_fn(self, state, tokens_BxT, start_B):
     B, T = tokens_BxT.shape
+    start_B = jnp.broadcast_to(start_B, (B,))  # a scalar start puts every row at the same position
     rows = jnp.arange(B)
     h_prev = jnp.where(start_B == 0, state['seed_B'], state['h_BxL'][rows, jnp.maximum(start_B - 1, 0)])
     hs = []

@@ -115,3 +115,11 @@ def test_exact_blockwise_equals_greedy_on_the_real_model(toy_model, batch, k, ma
       params, jnp.asarray(src), model=model, k=k, max_len=max_len, criterion=decoding.Criterion())
   np.testing.assert_array_equal(np.asarray(block.tokens_BxL), np.asarray(greedy_tokens))
   np.testing.assert_array_equal(np.asarray(block.length_B), np.asarray(greedy_length))
+
+
+def test_decoding_reads_parameters_in_the_compute_dtype():
+  """bfloat16 models decode with parameters cast once (float leaves only); float32 ones are left as they are."""
+  params = {'dense': {'kernel': jnp.ones((2, 3), jnp.float32)}, 'step': jnp.zeros((), jnp.int32)}
+  cast = model_lib.params_in_compute_dtype(params, 'bfloat16')
+  assert cast['dense']['kernel'].dtype == jnp.bfloat16 and cast['step'].dtype == jnp.int32
+  assert model_lib.params_in_compute_dtype(params, 'float32') is params

@@ -18,6 +18,7 @@ from bpd import distill
 from bpd import evaluate
 from bpd import model as model_lib
 from bpd import train
+from bpd.data import pipeline
 from bpd.data import synthetic
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.errors import UserError
@@ -129,7 +130,12 @@ def test_distill_writes_an_aligned_corpus_and_training_uses_it(trained, tmp_path
   out = distill.distill(config, teacher)
   src = open(os.path.join(out, 'train.en'), encoding='utf-8').read().split('\n')
   tgt = open(os.path.join(out, 'train.de'), encoding='utf-8').read().split('\n')
-  assert len(src) == len(tgt) == 41
+  # Sources longer than data.max_len tokens (the teacher saw them cut) are left out; the rest stay aligned.
+  all_src, _ = pipeline.load_split(config.data, config.data.train_split, config.seed)
+  tokenizer = tokenizer_lib.load(os.path.join(teacher, tokenizer_lib.MODEL_NAME))
+  fits = [s for s, ids in zip(all_src, tokenizer.encode_batch(all_src)) if len(ids) + 1 <= config.data.max_len]
+  assert 0 < len(fits) < 40  # the test covers both cases
+  assert len(src) == len(tgt) == len(fits) + 1 and src[:-1] == fits
   # Resumes: the chunk is not decoded again.
   before = os.path.getmtime(os.path.join(out, 'parts', 'part-00000.de'))
   distill.distill(config, teacher)

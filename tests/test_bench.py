@@ -1,0 +1,23 @@
+"""experiments/bench_decode.py: the FLOP count from the shapes agrees with XLA's cost analysis (no timed asserts)."""
+
+import jax
+
+from bpd import model as model_lib
+from experiments import bench_decode
+
+
+def test_shape_count_matches_xla_cost_analysis_and_records_keep_their_fields():
+  config = model_lib.model_config('tiny', vocab_size=300, k=4, dropout_rate=0.0)
+  model = model_lib.Transformer(config)
+  params = model_lib.init_params(config, jax.random.PRNGKey(0))
+  # Not measured here: the test checks counts, not speed.
+  peaks = {'peak_gflop_s': 100.0, 'peak_gbyte_s': 10.0, 'cached_gbyte_s': 40.0}
+  records = bench_decode.bench(model, params, [2, 4], [1, 3], max_len=8, src_len=6, repeats=1, peaks=peaks)
+  assert [(r['k'], r['batch_size']) for r in records] == [(2, 1), (4, 1), (2, 3), (4, 3)]
+  for r in records:
+    assert {'k', 'batch_size', 'greedy_step_s', 'block_step_s', 'ratio'} <= set(r)
+    # The count leaves out layer norms, softmaxes and argmaxes: a few percent of the FLOPs of these shapes.
+    assert 0.8 < r['greedy_flops_xla'] / r['greedy_flops_count'] < 1.25, r
+    assert 0.8 < r['block_flops_xla'] / r['block_flops_count'] < 1.25, r
+    assert r['block_flops_count'] > r['greedy_flops_count']
+  assert bench_decode.format_table(records).count('\n') == len(records) + 1
