@@ -15,6 +15,17 @@ def head_targets(tgt_BxT: jax.Array, k: int) -> jax.Array:
   return jnp.stack([padded[:, i:i + length] for i in range(k)], axis=-1)
 
 
+def _masked_cross_entropy(logits_Nx___xV, targets_Nx___, label_smoothing, axes):
+  """Mean cross-entropy and accuracy over the non-padding targets (id > 0), reduced over `axes`, and the count."""
+  weights = (targets_Nx___ > 0).astype(jnp.float32)
+  soft = optax.smooth_labels(jax.nn.one_hot(targets_Nx___, logits_Nx___xV.shape[-1]), label_smoothing)
+  ce = optax.softmax_cross_entropy(logits_Nx___xV.astype(jnp.float32), soft)
+  correct = (jnp.argmax(logits_Nx___xV, axis=-1) == targets_Nx___).astype(jnp.float32)
+  count = jnp.sum(weights, axis=axes)
+  denom = jnp.maximum(count, 1.0)
+  return jnp.sum(ce * weights, axis=axes) / denom, jnp.sum(correct * weights, axis=axes) / denom, count
+
+
 def heads_cross_entropy(logits_BxTxKxV: jax.Array, tgt_BxT: jax.Array, label_smoothing: float = 0.0):
   """Per-head mean cross-entropy and accuracy over non-padding targets.
 
@@ -22,17 +33,8 @@ def heads_cross_entropy(logits_BxTxKxV: jax.Array, tgt_BxT: jax.Array, label_smo
   With label smoothing the loss is against the smoothed distribution (Szegedy et al. 2016); the
   constant entropy term is left in, as in flax examples/wmt, so a perfect model does not reach 0.
   """
-  k, vocab = logits_BxTxKxV.shape[-2:]
-  targets_BxTxK = head_targets(tgt_BxT, k)
-  weights_BxTxK = (targets_BxTxK > 0).astype(jnp.float32)
-  soft = optax.smooth_labels(jax.nn.one_hot(targets_BxTxK, vocab), label_smoothing)
-  ce_BxTxK = optax.softmax_cross_entropy(logits_BxTxKxV.astype(jnp.float32), soft)
-  correct_BxTxK = (jnp.argmax(logits_BxTxKxV, axis=-1) == targets_BxTxK).astype(jnp.float32)
-  weight_K = jnp.sum(weights_BxTxK, axis=(0, 1))
-  denom_K = jnp.maximum(weight_K, 1.0)
-  loss_K = jnp.sum(ce_BxTxK * weights_BxTxK, axis=(0, 1)) / denom_K
-  acc_K = jnp.sum(correct_BxTxK * weights_BxTxK, axis=(0, 1)) / denom_K
-  return loss_K, acc_K, weight_K
+  targets_BxTxK = head_targets(tgt_BxT, logits_BxTxKxV.shape[-2])
+  return _masked_cross_entropy(logits_BxTxKxV, targets_BxTxK, label_smoothing, axes=(0, 1))
 
 
 def head_targets_at(tgt_BxT: jax.Array, k: int, head) -> jax.Array:
@@ -46,11 +48,4 @@ def one_head_cross_entropy(logits_BxTxV: jax.Array, tgt_BxT: jax.Array, k: int, 
 
   Returns (loss [], accuracy [], weight [] number of targets), as heads_cross_entropy does per head.
   """
-  targets_BxT = head_targets_at(tgt_BxT, k, head)
-  weights_BxT = (targets_BxT > 0).astype(jnp.float32)
-  soft = optax.smooth_labels(jax.nn.one_hot(targets_BxT, logits_BxTxV.shape[-1]), label_smoothing)
-  ce_BxT = optax.softmax_cross_entropy(logits_BxTxV.astype(jnp.float32), soft)
-  correct_BxT = (jnp.argmax(logits_BxTxV, axis=-1) == targets_BxT).astype(jnp.float32)
-  weight = jnp.sum(weights_BxT)
-  denom = jnp.maximum(weight, 1.0)
-  return jnp.sum(ce_BxT * weights_BxT) / denom, jnp.sum(correct_BxT * weights_BxT) / denom, weight
+  return _masked_cross_entropy(logits_BxTxV, head_targets_at(tgt_BxT, k, head), label_smoothing, axes=(0, 1))

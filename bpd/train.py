@@ -72,9 +72,11 @@ def make_optimizer(regime: str, params: dict, learning_rate: float, warmup_steps
   in few steps, while the same rate on the base would wreck the scoring model's quality (the demo lost 24 BLEU
   that way); a small base rate lets the base adapt towards predictability without forgetting.
   """
+  def scaled_adam(peak):
+    return optax.adam(learning_rate_schedule(peak, warmup_steps), b1=0.9, b2=0.98, eps=1e-9)
+
   def adam(peak):
-    return optax.chain(optax.clip_by_global_norm(1.0),
-                       optax.adam(learning_rate_schedule(peak, warmup_steps), b1=0.9, b2=0.98, eps=1e-9))
+    return optax.chain(optax.clip_by_global_norm(1.0), scaled_adam(peak))
 
   # (The state layouts of base, frozen and single-rate finetune are those of earlier versions: old runs resume.)
   labels = {name: ('heads' if name == 'multi_output' else 'base') for name in params}
@@ -82,10 +84,8 @@ def make_optimizer(regime: str, params: dict, learning_rate: float, warmup_steps
     return optax.multi_transform({'heads': adam(head_learning_rate or learning_rate), 'base': optax.set_to_zero()},
                                  labels)
   if regime == 'finetune' and head_learning_rate:
-    def rate(peak):
-      return optax.adam(learning_rate_schedule(peak, warmup_steps), b1=0.9, b2=0.98, eps=1e-9)
-    return optax.chain(optax.clip_by_global_norm(1.0),
-                       optax.multi_transform({'heads': rate(head_learning_rate), 'base': rate(learning_rate)}, labels))
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.multi_transform(
+        {'heads': scaled_adam(head_learning_rate), 'base': scaled_adam(learning_rate)}, labels))
   return adam(learning_rate)
 
 
@@ -280,20 +280,17 @@ def agreement_with_greedy(agreement_step, params, src_ids, greedy_ids, batch_siz
   Teacher-forces the model on its own greedy outputs (EOS included, nothing after it); head 1 agrees everywhere
   up to float rounding. Returns {'agreement_head{i}': fraction}.
   """
+  if not src_ids:
+    return {}
   tokens = [np.asarray(t) for t in greedy_ids]
   tokens = [t[:int(np.argmax(t == tokenizer_lib.EOS_ID)) + 1] if np.any(t == tokenizer_lib.EOS_ID) else t[t > 0]
             for t in tokens]
   # One padded length for every batch (one compiled shape): the source bucket or the longest output.
-  if not src_ids:
-    return {}
   length = max(evaluate.source_bucket(src_ids), max(len(t) for t in greedy_ids))
-  correct_K, count_K = 0.0, 0.0
-  for _, src, tgt in batching.eval_batches(src_ids, tokens, batch_size, (length,)):
-    batch = sharding.shard_global_batch({'src_BxS': src, 'tgt_BxT': tgt}, mesh)
-    aux = jax.device_get(agreement_step(params, batch))
-    correct_K = correct_K + aux['acc_K'] * aux['count_K']
-    count_K = count_K + aux['count_K']
-  return {f'agreement_head{i + 1}': float(a) for i, a in enumerate(correct_K / np.maximum(count_K, 1))}
+  batches = batching.eval_batches(src_ids, tokens, batch_size, (length,))
+  # Per-token accuracy against greedy's tokens is the agreement: the same pooling as the eval loss and accuracy.
+  pooled = evaluate_during_training(params, agreement_step, batches, lambda params: {}, mesh)
+  return {key.replace('accuracy_', 'agreement_'): value for key, value in pooled.items() if key.startswith('accuracy_')}
 
 
 def exact_block_size(decoder, params, src_ids, k, batch_size) -> float:
