@@ -136,12 +136,13 @@ def run_batches(fn, src_ids, batch_size, what='', bucket=None):
 
 
 def setting_name(k: int, criterion) -> str:
-  return 'greedy' if criterion is None else f'k{k}.{criterion}'.replace(':', '')
-
-
-def sample_name(temperature: float) -> str:
-  """The sampled setting's criterion in records ('sample:0.8') and, without the colon, its file names."""
-  return f'sample:{temperature:g}'
+  """A setting in file names: 'greedy', 'k4.distance2' (a decoding.Criterion or its string), or 'sample0.8' for
+  the sampled setting (criterion 'sample:0.8' in records)."""
+  if criterion is None:
+    return 'greedy'
+  if str(criterion).startswith('sample:'):
+    return str(criterion).replace(':', '')
+  return f'k{k}.{criterion}'.replace(':', '')
 
 
 def time_side_by_side(fns, src_ids, batch_size, repeats, bucket=None, what='timing'):

@@ -106,9 +106,9 @@ def decode_split(task, decoder, params, tokenizer, split, src_ids, references, i
     return out, {**task.scores(outputs, references, greedy_outputs), **timing}
 
   if temperature > 0:  # not blockwise (yet): a baseline for a later speculative-sampling mode
-    criterion = decoder_lib.sample_name(temperature)
+    criterion = f'sample:{temperature:g}'
     sample_fn = lambda src: decoder.sample(params, src, temperature, seed)
-    out, fields = measure(criterion.replace(':', ''), sample_fn)
+    out, fields = measure(setting_name(1, criterion), sample_fn)
     count = int(sum(int(o[1]) for o in out))
     records.append({**base, **one_per_call, 'iterations': count, 'invocations': count, 'tokens': count,
                     'criterion': criterion, 'temperature': float(temperature), 'seed': seed, **fields})
