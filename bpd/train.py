@@ -13,9 +13,10 @@ Evaluation logs, besides loss and per-head accuracy, the diagnostic that predict
 agreement with the scoring model's own greedy output, and the exact mean accepted block size with all k heads.
 
 Images (config.data.source=images, paper §7.2): the same loop on 8x8 -> 32x32 super-resolution (what differs
-between the tasks is in bpd/tasks.py); the source is 192 and the target 3072 pixel ids of a fixed vocabulary (no tokenizer), batches have fixed shapes, and the
-periodic evaluation reports loss and per-head accuracy (plus, if config.train.eval_psnr_examples > 0, the
-greedy PSNR of that many images: 3072 decoder steps each, slow on a CPU).
+between the tasks is in bpd/tasks.py); the source is 192 and the target 3072 pixel ids of a fixed vocabulary
+(no tokenizer), batches have fixed shapes, and the periodic evaluation reports loss and per-head accuracy
+(plus, if config.train.eval_psnr_examples > 0, the greedy PSNR of that many images: 3072 decoder steps each,
+slow on a CPU).
 
 Runs resume from the newest checkpoint in the workdir. Batches and dropout depend only on (seed, step), so
 a resumed run reproduces an uninterrupted one exactly.
