@@ -11,7 +11,8 @@ Stages (an interrupted study resumes at the stage it was in; training resumes fr
   4. decode      every model on every evaluation split: greedy, and blockwise for k' in --ks and each criterion,
                  at each batch size                                               W/<model>/decode_<split>_b<B>
   5. table       every row: W/study.md, .csv, .json; paper-style pivots (model x criterion by k) W/study_paper.md;
-                 the paper's Table 1 layout beside its numbers W/study_table1.md;
+                 the paper's Table 1 layout beside its numbers W/study_table1.md; the agreement diagnostic of each
+                 k-head model against its training steps W/study_acceptance_vs_steps_<model>.png;
                  plots per model and of acceptance / speedup across models, W/study_<split>_b<B>_*.png
 --stages picks a subset; --grid_regimes / --grid_data cut the grid to fit a time budget.
 Evaluation splits come as NAME or NAME@DIR (a split of parallel text in another folder, e.g. the out-of-domain
@@ -299,6 +300,11 @@ def write_table(root, plan):
       for key in ('mean_accepted_block_size', 'speedup'):
         report.plot_models(exact, os.path.join(root, f'study_{split}_b{batch_size}_{key}.png'), key,
                            f'exact acceptance: {split}, batch {batch_size}')
+  for name, workdir in model_dirs(root, plan).items():  # the agreement diagnostic against head-training steps
+    if name != 'base' and os.path.isdir(workdir):
+      report.plot_acceptance_vs_steps(metrics.read_scalars(workdir, 'eval'),
+                                      os.path.join(root, f'study_acceptance_vs_steps_{name}.png'),
+                                      f'{name}: agreement with greedy on the first val sentences')
   with open(os.path.join(root, 'study_table1.md'), 'w') as f:
     for split in sorted({r['split'] for r in rows}):
       for batch_size in sorted({r['batch_size'] for r in rows}):
