@@ -292,7 +292,7 @@ def format_table(records, title='', tpu_chips=(), tpu_sizes=()):
 
 
 def tpu_title(chip_devices, configs):
-  """The lines above the table that say what the TPU columns are and where their peaks come from."""
+  """The header line that says what the TPU columns are and where their peaks come from."""
   chips = []
   for chip, (_, devices_per_chip) in chip_devices.items():
     peaks = tpu_estimate.CHIPS[chip]
