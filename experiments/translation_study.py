@@ -71,6 +71,10 @@ if __name__ == '__main__':
   _FINETUNE_CONFIG = flags.DEFINE_list(
       'finetune_config', [], 'Config overrides KEY=VALUE for fine-tuned models only, after --head_config, e.g. '
       'train.learning_rate=3e-4,train.head1_weight=7.')
+  _OTHER_HEAD_STEPS = flags.DEFINE_integer(
+      'other_head_steps', 0, 'Training steps of k-head models other than finetune_distilled ("Both", the model of the '
+      'acceptance target; 0: as --head_steps), to fit a time box. Compare them with Both at the same step through '
+      'the agreement diagnostic in their metrics.jsonl.')
   _OTHER_CRITERIA = flags.DEFINE_list(
       'other_criteria', [], 'Criteria for models other than finetune_distilled ("Both"; empty: --criteria): the '
       'paper reports the top-2 row on "Both" only.')
@@ -93,6 +97,7 @@ class Plan:
   ood: str = 'examples=500,max_len=128,criteria=exact'
   base_steps: int = 0
   head_steps: int = 0
+  other_head_steps: int = 0  # steps of k-head models other than finetune_distilled; 0: head_steps
   head_config: tuple = ()  # KEY=VALUE overrides of every k-head model
   finetune_config: tuple = ()  # KEY=VALUE overrides of fine-tuned models, after head_config
   other_criteria: tuple = ()  # criteria of models other than finetune_distilled; empty: criteria
@@ -117,13 +122,18 @@ class Plan:
                batch_sizes=tuple(int(b) for b in _BATCH_SIZES.value), max_examples=_MAX_EXAMPLES.value,
                batch1_examples=_BATCH1_EXAMPLES.value, timing_examples=_TIMING_EXAMPLES.value,
                timing_repeats=_TIMING_REPEATS.value, ood=_OOD.value, base_steps=_BASE_STEPS.value,
-               head_steps=_HEAD_STEPS.value, head_config=tuple(_HEAD_CONFIG.value),
+               head_steps=_HEAD_STEPS.value, other_head_steps=_OTHER_HEAD_STEPS.value, head_config=tuple(_HEAD_CONFIG.value),
                finetune_config=tuple(_FINETUNE_CONFIG.value), other_criteria=tuple(_OTHER_CRITERIA.value),
                models=tuple(_MODELS.value))
 
 
 def _done_training(workdir, steps):
   return (checkpoint.latest_step(workdir) or 0) >= steps
+
+
+def _stopped(stage, workdir):
+  """Training stopped early (preemption, Ctrl-C): the later stages must not run on a half-trained model."""
+  logging.warning('Stage %s stopped before its last step (%s); rerun the same command to resume it.', stage, workdir)
 
 
 def _config(base, **fields):
@@ -144,9 +154,13 @@ def parse_overrides(items, flag) -> dict:
   return fields
 
 
-def head_model_config(cfg, plan, regime):
-  """A k-head model's config: --head_steps, then --head_config, then (fine-tuning) --finetune_config."""
-  fields = {'train.num_steps': plan.head_steps} if plan.head_steps else {}
+def head_model_config(cfg, plan, regime, data='distilled'):
+  """A k-head model's config: --head_steps (--other_head_steps), then --head_config, then (fine-tuning)
+  --finetune_config."""
+  steps = plan.head_steps
+  if plan.other_head_steps and (regime, data) != ('finetune', 'distilled'):
+    steps = plan.other_head_steps
+  fields = {'train.num_steps': steps} if steps else {}
   fields.update(parse_overrides(plan.head_config, 'head_config'))
   if regime == 'finetune':
     fields.update(parse_overrides(plan.finetune_config, 'finetune_config'))
@@ -182,6 +196,8 @@ def run_stages(config, root, plan: Plan):
   if 'base' in stages and not _done_training(base_dir, base_cfg.train.num_steps):
     logging.info('Stage base -> %s', base_dir)
     train.train_and_evaluate(base_cfg, base_dir)
+    if not _done_training(base_dir, base_cfg.train.num_steps):
+      return _stopped('base', base_dir)
   if 'distill' in stages and any(d == 'distilled' for _, d in plan.head_models()) and not os.path.exists(
       os.path.join(base_dir, pipeline.DISTILL_DIR, f'train.{config.data.tgt_lang}')):
     logging.info('Stage distill -> %s', os.path.join(base_dir, pipeline.DISTILL_DIR))
@@ -191,10 +207,12 @@ def run_stages(config, root, plan: Plan):
       workdir = os.path.join(root, f'{regime}_{data}')
       cfg = _config(config, **{'train.regime': regime, 'train.init_from': base_dir,
                                'data.distilled_from': base_dir if data == 'distilled' else ''})
-      cfg = head_model_config(cfg, plan, regime)
+      cfg = head_model_config(cfg, plan, regime, data)
       if not _done_training(workdir, cfg.train.num_steps):
         logging.info('Stage heads: %s on %s data -> %s', regime, data, workdir)
         train.train_and_evaluate(cfg, workdir)
+        if not _done_training(workdir, cfg.train.num_steps):
+          return _stopped(f'{regime}_{data}', workdir)
   if 'decode' in stages:
     for name, workdir in model_dirs(root, plan).items():
       for split in plan.splits:

@@ -54,6 +54,10 @@ def test_head_recipe_overrides_apply_by_regime():
   assert frozen.model.dropout_rate == finetune.model.dropout_rate == 0.0
   assert frozen.train.learning_rate == config.train.learning_rate and frozen.train.head1_weight == 1.0
   assert finetune.train.learning_rate == 3e-4 and finetune.train.head1_weight == 7.0
+  plan = translation_study.Plan(head_steps=7, other_head_steps=5)  # the time box: fewer steps for the other columns
+  assert translation_study.head_model_config(config, plan, 'finetune', 'distilled').train.num_steps == 7
+  assert translation_study.head_model_config(config, plan, 'finetune', 'original').train.num_steps == 5
+  assert translation_study.head_model_config(config, plan, 'frozen', 'distilled').train.num_steps == 5
 
 
 @pytest.mark.parametrize('items', [('train.learning_rate',), ('train.no_such_field=1',), ('=3',)])
@@ -62,3 +66,13 @@ def test_bad_head_overrides_fail_before_training(tmp_path, items):
   with pytest.raises(UserError, match='head_config'):
     translation_study.run_stages(tiny_config(), str(tmp_path), plan)
   assert not os.listdir(tmp_path)
+
+
+def test_a_stopped_stage_stops_the_study(tmp_path, monkeypatch):
+  """A stage that stops early (preemption: train returns after saving) must not hand a half-trained model on."""
+  monkeypatch.setattr(translation_study.train, 'train_and_evaluate', lambda cfg, workdir: None)
+  def must_not_run(*args):
+    raise AssertionError('a later stage ran after the base stopped early')
+  monkeypatch.setattr(translation_study.distill, 'distill', must_not_run)
+  monkeypatch.setattr(translation_study, 'decode_one', must_not_run)
+  translation_study.run_stages(tiny_config(), str(tmp_path), translation_study.Plan(models=('finetune_distilled',)))
