@@ -39,6 +39,7 @@ class Decoder:
     self._greedy_jit = jax.jit(self._greedy, out_shardings=out)
     self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('k', 'criterion'), out_shardings=out)
     self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
+    self._tree_jit = jax.jit(self._tree, static_argnames=('paths', 'criterion'), out_shardings=out)
 
   def _put(self, src_BxS):
     return jnp.asarray(src_BxS) if self.mesh is None else sharding.shard_global_batch(src_BxS, self.mesh)
@@ -50,6 +51,11 @@ class Decoder:
   def blockwise(self, params, src_BxS, k, criterion):
     """A decoding.BlockwiseResult."""
     return self._blockwise_jit(params, self._put(src_BxS), k=k, criterion=criterion)
+
+  def tree(self, params, src_BxS, paths, criterion):
+    """A decoding.BlockwiseResult of tree decoding with the topology `paths` (decoding.check_tree), using the
+    first tree_depth(paths) heads."""
+    return self._tree_jit(params, self._put(src_BxS), paths=paths, criterion=criterion)
 
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""
@@ -68,6 +74,14 @@ class Decoder:
     return decoding.blockwise(score_fn, propose_fn, state, batch_size=src_BxS.shape[0], k=k,
                               max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
                               criterion=criterion)
+
+  def _tree(self, params, src_BxS, paths, criterion):
+    k = decoding.tree_depth(paths)
+    init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
+    state = init_state(src_BxS, self.max_len + len(paths) + 1)
+    return decoding.tree(score_fn, propose_fn, model_lib.move_cache, state, batch_size=src_BxS.shape[0],
+                         paths=paths, k=k, max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
+                         criterion=criterion)
 
   def _beam(self, params, src_BxS, beam_size, alpha):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
@@ -106,8 +120,12 @@ def run_batches(fn, src_ids, batch_size, what='', bucket=None):
   return outputs, time.perf_counter() - start
 
 
-def setting_name(k: int, criterion) -> str:
-  return 'greedy' if criterion is None else f'k{k}.{criterion}'.replace(':', '')
+def setting_name(k: int, criterion, tree: str | None = None) -> str:
+  """'greedy', 'k4.top_k2', or with a tree spec (bpd/trees.py) 'tree-nodes32.k4.exact'."""
+  if criterion is None:
+    return 'greedy'
+  name = f'k{k}.{criterion}'.replace(':', '')
+  return name if tree is None else f'tree-{tree}.{name}'.replace(':', '')
 
 
 def time_side_by_side(fns, src_ids, batch_size, repeats, bucket=None, what='timing'):

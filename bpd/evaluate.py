@@ -28,6 +28,7 @@ import sacrebleu
 from bpd import checkpoint
 from bpd import checks
 from bpd import decoder as decoder_lib
+from bpd import decoding
 from bpd import evaluate_images
 from bpd import model as model_lib
 from bpd import report
@@ -71,8 +72,10 @@ def _decode_setting(fn, src_ids, batch_size, what):
 
 
 def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
-                 model_k, step, timing_examples=0, timing_repeats=1):
-  """Greedy plus every (k', criterion) of the sweep on one split at one batch size. Returns records.
+                 model_k, step, timing_examples=0, timing_repeats=1, tree_sweep=()):
+  """Greedy plus every (k', criterion) of the sweep and every (tree spec, topology, criterion) of tree_sweep
+  (checks.check_trees) on one split at one batch size. Returns records; a record's 'tree' is the tree spec
+  ('chain' for the sweep's chains) and 'tree_nodes' its number of nodes (k' for a chain).
 
   Quality and acceptance come from decoding every example. Speed comes from `time_side_by_side` on the
   first `timing_examples` examples (0: all), `timing_repeats` times each: greedy_seconds and seconds of a
@@ -100,12 +103,18 @@ def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, 
               'identical_to_greedy': 1.0}]
   logging.info('%s b%d greedy: BLEU %.2f, %.2fs', split, batch_size, greedy_bleu, greedy_seconds)
 
-  for k, criterion in sweep:
-    name = setting_name(k, criterion)
+  settings = [(k, criterion, None, None) for k, criterion in sweep]
+  settings += [(decoding.tree_depth(paths) if paths else model_k, criterion, spec, paths)
+               for spec, paths, criterion in tree_sweep]
+  for k, criterion, tree_spec, paths in settings:
+    name = setting_name(k, criterion, tree_spec)
     batch_invocations = []  # model calls of each batch: its slowest row decides when the batch is done
 
-    def blockwise_fn(src, k=k, criterion=criterion, calls=batch_invocations):
-      result = decoder.blockwise(params, src, k=k, criterion=criterion)
+    def blockwise_fn(src, k=k, criterion=criterion, paths=paths, calls=batch_invocations):
+      if paths is None:  # a chain ('chain' in config.decode.trees too): the paper's loop
+        result = decoder.blockwise(params, src, k=k, criterion=criterion)
+      else:
+        result = decoder.tree(params, src, paths=paths, criterion=criterion)
       calls.append(result.invocations)
       return result
 
@@ -120,7 +129,8 @@ def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, 
     iterations = int(sum(int(o.iterations_B) for o in outputs))
     histogram = np.sum([np.asarray(o.block_counts_BxK) for o in outputs], axis=0)
     identical = float(np.mean([np.array_equal(a, b) for a, b in zip(tokens, greedy_tokens)]))
-    record = {**base, 'k': k, 'criterion': str(criterion), 'quality': bleu(hyps, references),
+    record = {**base, 'k': k, 'criterion': str(criterion), 'tree': tree_spec or 'chain',
+              'tree_nodes': len(paths) if paths else k, 'quality': bleu(hyps, references),
               'mean_accepted_block_size': produced / max(iterations, 1), 'iterations': iterations,
               'invocations': iterations + len(src_ids), 'batch_invocations': batch_calls, 'tokens': produced,
               'greedy_seconds': g_seconds, 'seconds': seconds, 'speedup': g_seconds / seconds,
@@ -159,6 +169,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
     return evaluate_images.decode_sweep(config, workdir)
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)
+  tree_sweep = checks.check_trees(config, workdir, model_config.k)
   mesh = sharding.make_mesh(config.get('model_axis_size', 1))
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
@@ -176,7 +187,8 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
     for batch_size in config.decode.batch_sizes:
       batch_size = sharding.decode_batch_size(batch_size, mesh)
       records += decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
-                              model_config.k, step, config.decode.timing_examples, config.decode.timing_repeats)
+                              model_config.k, step, config.decode.timing_examples, config.decode.timing_repeats,
+                              tree_sweep)
       if jax.process_index() == 0:
         report.write(records, out_dir)  # after every batch size: an interrupted sweep keeps what it measured
   if jax.process_index() == 0:

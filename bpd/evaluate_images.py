@@ -176,6 +176,7 @@ def decode_sweep(config, workdir: str) -> list[dict]:
   """`--mode=decode` for images: writes {workdir}/decode/ results.json, results.md, plots, grids, arrays."""
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)
+  checks.check_trees(config, workdir, model_config.k)  # tree decoding is translation only: a clear error
   check_image_decode(config)
   mesh = sharding.make_mesh(config.get('model_axis_size', 1))
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
