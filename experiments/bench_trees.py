@@ -31,17 +31,19 @@ from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.errors import UserError
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'The config the model was trained with.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The k-head model\'s workdir (with trees.json).')
-_SPLIT = flags.DEFINE_string('split', 'test', 'Split to decode.')
-_NODES = flags.DEFINE_list('nodes', ['1', '8', '16', '32', '64'], 'Tree sizes; 1 = the chain.')
-_BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '32'], 'Batch sizes.')
-_EXAMPLES = flags.DEFINE_integer('examples', 0, 'Examples decoded (0 = all of config.decode.max_examples).')
-_BATCH1_EXAMPLES = flags.DEFINE_integer('batch1_examples', 0, 'At batch size 1, only the first N (0 = as others).')
-_TIMING_EXAMPLES = flags.DEFINE_integer('timing_examples', 64, 'Examples timed (0 = no timing).')
-_REPEATS = flags.DEFINE_integer('repeats', 1, 'Alternating timed runs per setting.')
-_FIGURE = flags.DEFINE_string('figure', '', 'PNG of a tree and its attention mask (empty = none).')
-_FIGURE_NODES = flags.DEFINE_integer('figure_nodes', 16, 'The tree drawn in --figure.')
+# Flags exist only when this file runs as a script: importing it (tests) defines none.
+if __name__ == '__main__':
+  _CONFIG = config_flags.DEFINE_config_file('config', None, 'The config the model was trained with.')
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'The k-head model\'s workdir (with trees.json).')
+  _SPLIT = flags.DEFINE_string('split', 'test', 'Split to decode.')
+  _NODES = flags.DEFINE_list('nodes', ['1', '8', '16', '32', '64'], 'Tree sizes; 1 = the chain.')
+  _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '32'], 'Batch sizes.')
+  _EXAMPLES = flags.DEFINE_integer('examples', 0, 'Examples decoded (0 = all of config.decode.max_examples).')
+  _BATCH1_EXAMPLES = flags.DEFINE_integer('batch1_examples', 0, 'At batch size 1, only the first N (0 = as others).')
+  _TIMING_EXAMPLES = flags.DEFINE_integer('timing_examples', 64, 'Examples timed (0 = no timing).')
+  _REPEATS = flags.DEFINE_integer('repeats', 1, 'Alternating timed runs per setting.')
+  _FIGURE = flags.DEFINE_string('figure', '', 'PNG of a tree and its attention mask (empty = none).')
+  _FIGURE_NODES = flags.DEFINE_integer('figure_nodes', 16, 'The tree drawn in --figure.')
 
 
 def draw_tree(paths, path: str, title: str = ''):

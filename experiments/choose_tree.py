@@ -32,12 +32,14 @@ from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.errors import UserError
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'The config the model was trained with.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The k-head model\'s workdir; trees.json is written there.')
-_NODES = flags.DEFINE_list('nodes', ['8', '16', '32', '64'], 'Tree sizes N to build (and save).')
-_RANKS = flags.DEFINE_integer('ranks', 8, 'Choices per head measured: ranks 0..R-1.')
-_EXAMPLES = flags.DEFINE_integer('examples', 500, 'Val examples to measure on (0 = all).')
-_BATCH = flags.DEFINE_integer('batch_size', 32, 'Batch size of the greedy decode and the teacher-forced pass.')
+# Flags exist only when this file runs as a script: importing it (tests) defines none.
+if __name__ == '__main__':
+  _CONFIG = config_flags.DEFINE_config_file('config', None, 'The config the model was trained with.')
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'The k-head model\'s workdir; trees.json is written there.')
+  _NODES = flags.DEFINE_list('nodes', ['8', '16', '32', '64'], 'Tree sizes N to build (and save).')
+  _RANKS = flags.DEFINE_integer('ranks', 8, 'Choices per head measured: ranks 0..R-1.')
+  _EXAMPLES = flags.DEFINE_integer('examples', 500, 'Val examples to measure on (0 = all).')
+  _BATCH = flags.DEFINE_integer('batch_size', 32, 'Batch size of the greedy decode and the teacher-forced pass.')
 
 
 def choose(config, workdir: str, nodes: list[int], ranks: int, examples: int, batch_size: int) -> dict:
