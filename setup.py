@@ -25,8 +25,9 @@ setuptools.setup(
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6.80", "chex>=0.1.86"],
-        # experiments/tpu_estimate.py: the TPU compiler (libtpu, ~700 MB, the version matching jax) to compile for a
-        # TPU topology and read XLA's cost analysis without a TPU. Optional: nothing else needs it.
+        # bench_decode --tpu and experiments/preflight.py: the TPU compiler (libtpu, ~700 MB, the version matching
+        # jax) to compile for a TPU topology and read XLA's cost and memory analyses without a TPU. Optional: nothing
+        # else needs it.
         "tpu": ["jax[tpu]"],
     },
 )

@@ -132,6 +132,14 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
                     f'config.decode.timing_examples={dc.timing_examples} >= 0 (0 = time every example).')
   if dc.get('batch1_examples', 0) < 0:
     raise UserError(f'config.decode.batch1_examples={dc.batch1_examples} must be >= 0 (0 = every example).')
+  temperature = dc.get('temperature', 0.0)
+  if temperature < 0:
+    raise UserError(f'config.decode.temperature={temperature} must be >= 0 (0: no sampling; 1: the model\'s own '
+                    'distribution; below 1 sharper).')
+  if temperature > 0 and config.data.source != 'images':
+    raise UserError(f'config.decode.temperature={temperature}: temperature sampling is a decode option for images '
+                    '(config.data.source=images); translation decodes greedily and blockwise only. Set '
+                    '--config.decode.temperature=0.')
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
   check_workdir(workdir)
   # min_block:l only makes sense where l <= k'; those pairs are left out of the sweep (and logged).

@@ -1,9 +1,7 @@
 """Jitted decoders of a checkpoint and the helpers every decoding path shares: batching, timing, names.
 
-Used by the translation sweep (bpd/evaluate.py), the super-resolution sweep (bpd/evaluate_images.py),
-distillation and training's quick evaluations. It imports neither sweep, so both can import it (and
-bpd/evaluate.py can hand images over to bpd/evaluate_images.py) without an import circle
-(tests/test_imports.py).
+Used by the decode sweep (bpd/evaluate.py, both tasks), distillation and training's quick evaluations. It
+imports none of them, so each can import it without an import circle (tests/test_imports.py).
 """
 
 import time
@@ -39,6 +37,7 @@ class Decoder:
     self._greedy_jit = jax.jit(self._greedy, out_shardings=out)
     self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('k', 'criterion'), out_shardings=out)
     self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
+    self._sample_jit = jax.jit(self._sample, out_shardings=out)
     self._tree_jit = jax.jit(self._tree, static_argnames=('paths', 'criterion'), out_shardings=out)
 
   def _put(self, src_BxS):
@@ -51,6 +50,11 @@ class Decoder:
   def blockwise(self, params, src_BxS, k, criterion):
     """A decoding.BlockwiseResult."""
     return self._blockwise_jit(params, self._put(src_BxS), k=k, criterion=criterion)
+
+  def sample(self, params, src_BxS, temperature: float, seed: int):
+    """(tokens_BxL, length_B) drawn from the model at `temperature` (see sampling_score_fn). The same seed and
+    batch give the same samples; a row's sample depends on the seed and on its place in the batch."""
+    return self._sample_jit(params, self._put(src_BxS), jnp.float32(temperature), jax.random.PRNGKey(seed))
 
   def tree(self, params, src_BxS, paths, criterion):
     """A decoding.BlockwiseResult of tree decoding with the topology `paths` (decoding.check_tree), using the
@@ -75,6 +79,14 @@ class Decoder:
                               max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
                               criterion=criterion)
 
+  def _sample(self, params, src_BxS, temperature, key):
+    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
+    state = init_state(src_BxS, self.max_len + 1)
+    tokens, length, _ = decoding.greedy(sampling_score_fn(score_fn, key, temperature), state,
+                                        batch_size=src_BxS.shape[0], max_len=self.max_len,
+                                        bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
+    return tokens, length
+
   def _tree(self, params, src_BxS, paths, criterion):
     k = decoding.tree_depth(paths)
     init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
@@ -90,6 +102,23 @@ class Decoder:
                                      max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID,
                                      eos_id=self.eos_id, alpha=alpha)
     return tokens[:, 0]
+
+
+def sampling_score_fn(score_fn, key, temperature):
+  """score_fn whose logits' argmax is a sample from softmax(logits / temperature): greedy decoding over it is
+  ancestral sampling, as the Image Transformer samples its super-resolution outputs (Parmar et al. 2018, at
+  temperatures 0.8 to 1.0).
+
+  The Gumbel-max trick: argmax_v (logits_v / T + g_v), with g_v independent standard Gumbel noise, is drawn
+  with probability softmax(logits / T)_v, exactly. The noise of position p is drawn from fold_in(key, p), so a
+  decode is a pure function of (key, batch). For greedy's loop: one token per row per call, every row at the
+  same (scalar) position.
+  """
+  def sampled(state, tokens_BxT, start):
+    logits_BxTxV, hidden, state = score_fn(state, tokens_BxT, start)
+    gumbel_BxTxV = jax.random.gumbel(jax.random.fold_in(key, start), logits_BxTxV.shape, jnp.float32)
+    return logits_BxTxV.astype(jnp.float32) / temperature + gumbel_BxTxV, hidden, state
+  return sampled
 
 
 def source_bucket(src_ids) -> int:
@@ -121,9 +150,13 @@ def run_batches(fn, src_ids, batch_size, what='', bucket=None):
 
 
 def setting_name(k: int, criterion, tree: str | None = None) -> str:
-  """'greedy', 'k4.top_k2', or with a tree spec (bpd/trees.py) 'tree-nodes32.k4.exact'."""
+  """A setting in file names: 'greedy', 'k4.distance2' (a decoding.Criterion or its string), 'sample0.8' for
+  the sampled setting (criterion 'sample:0.8' in records), or with a tree spec (bpd/trees.py)
+  'tree-nodes32.k4.exact'."""
   if criterion is None:
     return 'greedy'
+  if str(criterion).startswith('sample:'):
+    return str(criterion).replace(':', '')
   name = f'k{k}.{criterion}'.replace(':', '')
   return name if tree is None else f'tree-{tree}.{name}'.replace(':', '')
 

@@ -1,9 +1,11 @@
-"""Decoding a checkpoint: BLEU and the `--mode=decode` sweep (the jitted decoders: bpd/decoder.py).
+"""The `--mode=decode` sweep, one for both tasks (bpd/tasks.py: translation, super-resolution).
 
-The sweep decodes each evaluation split with greedy decoding (the baseline, always) and with blockwise
-parallel decoding for every (k' heads, criterion) of the config, at every batch size, and writes into
-{workdir}/decode/: results.json (one record per setting), results.md (the table), one hypothesis file per
-setting (<split>.<setting>.b<batch>.txt, detokenized, in source order) and PNG plots against k.
+The sweep decodes each evaluation split with greedy decoding (the baseline, always), with temperature sampling
+if config.decode.temperature > 0 (images; seed config.decode.seed), and with blockwise parallel decoding for
+every (k' heads, criterion) of the config, at every batch size, and writes into {workdir}/decode/:
+results.json (one record per setting), results.md (the table), one output file per setting
+(<split>.<setting>.b<batch>.txt: detokenized translations in source order; .npy for images), PNG plots
+against k, and for images one grid per split (bpd/evaluate_images.py).
 
 Definitions (DESIGN §2): mean accepted block size = tokens produced (EOS included, padding excluded) /
 decoding iterations, summed over the split. invocations = model calls (iterations + 1 per row with the
@@ -23,85 +25,96 @@ import os
 from absl import logging
 import jax
 import numpy as np
-import sacrebleu
 
 from bpd import checkpoint
 from bpd import checks
 from bpd import decoder as decoder_lib
 from bpd import decoding
-from bpd import evaluate_images
 from bpd import model as model_lib
 from bpd import report
 from bpd import sharding
-from bpd.data import batching
-from bpd.data import pipeline
-from bpd.data import tokenizer as tokenizer_lib
+from bpd import tasks
 
-# Moved to bpd/decoder.py (shared with bpd/evaluate_images.py, which this module imports); the names stay here
-# for the callers that use them as evaluate.Decoder, evaluate.run_batches, ... .
+# Moved to bpd/decoder.py and bpd/tasks.py; the names stay here for the callers that use them as
+# evaluate.Decoder, evaluate.run_batches, evaluate.bleu, ... .
 DECODE_DIR = decoder_lib.DECODE_DIR
 Decoder = decoder_lib.Decoder
 source_bucket = decoder_lib.source_bucket
 run_batches = decoder_lib.run_batches
 setting_name = decoder_lib.setting_name
 time_side_by_side = decoder_lib.time_side_by_side
+bleu = tasks.bleu
+write_lines = tasks.write_lines
 
 
-def bleu(hypotheses, references) -> float:
-  """Corpus BLEU with sacrebleu's defaults (13a tokenization) on detokenized text."""
-  return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score
+def _decode_setting(fn, src_ids, batch_size, bucket, what):
+  """fn(src_BxS) over every example: (outputs in source order, seconds), after compiling and running once on
+  the first batch (at the split's bucket, so that the full decode reuses that shape)."""
+  run_batches(fn, src_ids[:batch_size], batch_size, bucket=bucket)
+  return run_batches(fn, src_ids, batch_size, what, bucket=bucket)
 
 
-def greedy_translate(decoder, params, tokenizer, src_ids, batch_size, bucket_lengths=None):
-  """Detokenized greedy translations, in source order."""
-  del bucket_lengths  # one bucket per split, see source_bucket
-  outputs, _ = run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, batch_size)
-  return [tokenizer.decode(o) for o in outputs]
+def decode_split(task, decoder, params, tokenizer, split, src_ids, references, inputs, sweep, batch_size,
+                 out_dir, model_k, step, timing_examples=0, timing_repeats=1, temperature=0.0, seed=0, tree_sweep=()):
+  """Greedy, then sampling (if temperature > 0), then every (k', criterion) of the sweep, then every (tree spec,
+  topology, criterion) of tree_sweep (checks.check_trees) on one split at one batch size. Returns (records,
+  {setting name: outputs}); a record's 'tree' is its tree spec ('chain' for the sweep's chains) and 'tree_nodes'
+  its number of nodes (k' for a chain).
 
-
-def _warm_up(fn, src_ids, batch_size):
-  """Compile and run once on the first batch, so that timings exclude compilation."""
-  indices, src = batching.eval_batches(src_ids[:batch_size], None, batch_size, (source_bucket(src_ids),))[0]
-  del indices
-  jax.block_until_ready(fn(src))
-
-
-def _decode_setting(fn, src_ids, batch_size, what):
-  _warm_up(fn, src_ids, batch_size)
-  return run_batches(fn, src_ids, batch_size, what)
-
-
-def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
-                 model_k, step, timing_examples=0, timing_repeats=1, tree_sweep=()):
-  """Greedy plus every (k', criterion) of the sweep and every (tree spec, topology, criterion) of tree_sweep
-  (checks.check_trees) on one split at one batch size. Returns records; a record's 'tree' is the tree spec
-  ('chain' for the sweep's chains) and 'tree_nodes' its number of nodes (k' for a chain).
-
-  Quality and acceptance come from decoding every example. Speed comes from `time_side_by_side` on the
-  first `timing_examples` examples (0: all), `timing_repeats` times each: greedy_seconds and seconds of a
+  `task` (bpd/tasks.py) turns tokens into outputs (sentences or images), scores them against `references`
+  (quality: BLEU or PSNR, plus its own fields), adds its baselines from `inputs` and writes one output file per
+  setting. Quality and acceptance come from decoding every example. Speed comes from `time_side_by_side` on
+  the first `timing_examples` examples (0: all), `timing_repeats` times each: greedy_seconds and seconds of a
   record are medians measured next to each other, and speedup is their ratio. The timed batches are padded
   to the whole split's source bucket, the shape that was compiled and warmed up for the full decode
   (a subset's own, shorter bucket would compile inside the first timed run).
   """
-  greedy_fn = lambda src: decoder.greedy(params, src)
-  greedy_out, _ = _decode_setting(greedy_fn, src_ids, batch_size, f'{split} greedy b{batch_size}')
-  timing_ids = src_ids[:timing_examples] if timing_examples else src_ids
   bucket = source_bucket(src_ids)
+  timing_ids = src_ids[:timing_examples] if timing_examples else src_ids
+  greedy_fn = lambda src: decoder.greedy(params, src)
+  greedy_out, _ = _decode_setting(greedy_fn, src_ids, batch_size, bucket, f'{split} greedy b{batch_size}')
   greedy_tokens = [o[0] for o in greedy_out]
-  greedy_hyps = [tokenizer.decode(t) for t in greedy_tokens]
-  greedy_tokens_count = int(sum(int(o[1]) for o in greedy_out))
-  greedy_bleu = bleu(greedy_hyps, references)
+  greedy_outputs = task.outputs(tokenizer, greedy_tokens)
+  greedy_count = int(sum(int(o[1]) for o in greedy_out))
+  greedy_scores = task.scores(greedy_outputs, references, greedy_outputs)
   greedy_seconds, = time_side_by_side([greedy_fn], timing_ids, batch_size, timing_repeats, bucket,
                                       f'{split} greedy b{batch_size}')
-  write_lines(os.path.join(out_dir, f'{split}.greedy.b{batch_size}.txt'), greedy_hyps)
+  task.write_outputs(os.path.join(out_dir, f'{split}.greedy.b{batch_size}'), greedy_outputs)
+  baselines = task.baselines(inputs, references)
   base = {'split': split, 'batch_size': batch_size, 'examples': len(src_ids), 'step': step, 'model_k': model_k,
           'timing_examples': len(timing_ids), 'timing_repeats': max(timing_repeats, 1),
-          'greedy_quality': greedy_bleu, 'quality_metric': 'bleu'}
-  records = [{**base, 'k': 1, 'criterion': 'greedy', 'quality': greedy_bleu, 'mean_accepted_block_size': 1.0,
-              'iterations': greedy_tokens_count, 'invocations': greedy_tokens_count, 'tokens': greedy_tokens_count,
-              'greedy_seconds': greedy_seconds, 'seconds': greedy_seconds, 'speedup': 1.0,
-              'identical_to_greedy': 1.0}]
-  logging.info('%s b%d greedy: BLEU %.2f, %.2fs', split, batch_size, greedy_bleu, greedy_seconds)
+          'greedy_seconds': greedy_seconds, 'greedy_quality': greedy_scores['quality'],
+          'quality_metric': task.quality_metric, **baselines}
+  # Greedy and sampling emit one token per row per model call.
+  one_per_call = {'k': 1, 'mean_accepted_block_size': 1.0, 'iterations': greedy_count, 'invocations': greedy_count,
+                  'tokens': greedy_count}
+  records = [{**base, **one_per_call, 'criterion': 'greedy', **greedy_scores, 'seconds': greedy_seconds,
+              'speedup': 1.0, 'identical_to_greedy': 1.0}]
+  outputs_by_name = {'greedy': greedy_outputs}
+  logging.info('%s b%d greedy: %s, %.2fs (%s)', split, batch_size, _fields(greedy_scores), greedy_seconds,
+               _fields(baselines) or 'no baselines')
+
+  def measure(name, fn):
+    """Decodes every example with fn, times it next to greedy, scores and writes its outputs."""
+    out, _ = _decode_setting(fn, src_ids, batch_size, bucket, f'{split} {name} b{batch_size}')
+    g_seconds, seconds = time_side_by_side([greedy_fn, fn], timing_ids, batch_size, timing_repeats, bucket,
+                                           f'{split} {name} b{batch_size}')
+    tokens = [o[0] if isinstance(o, tuple) else o.tokens_BxL for o in out]
+    outputs = task.outputs(tokenizer, tokens)
+    outputs_by_name[name] = outputs
+    task.write_outputs(os.path.join(out_dir, f'{split}.{name}.b{batch_size}'), outputs)
+    timing = {'greedy_seconds': g_seconds, 'seconds': seconds, 'speedup': g_seconds / seconds,
+              'identical_to_greedy': float(np.mean([np.array_equal(a, b) for a, b in zip(tokens, greedy_tokens)]))}
+    return out, {**task.scores(outputs, references, greedy_outputs), **timing}
+
+  if temperature > 0:  # not blockwise (yet): a baseline for a later speculative-sampling mode
+    criterion = f'sample:{temperature:g}'
+    sample_fn = lambda src: decoder.sample(params, src, temperature, seed)
+    out, fields = measure(setting_name(1, criterion), sample_fn)
+    count = int(sum(int(o[1]) for o in out))
+    records.append({**base, **one_per_call, 'iterations': count, 'invocations': count, 'tokens': count,
+                    'criterion': criterion, 'temperature': float(temperature), 'seed': seed, **fields})
+    logging.info('%s b%d %s: %s', split, batch_size, criterion, _fields(fields))
 
   settings = [(k, criterion, None, None) for k, criterion in sweep]
   settings += [(decoding.tree_depth(paths) if paths else model_k, criterion, spec, paths)
@@ -118,39 +131,25 @@ def decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, 
       calls.append(result.invocations)
       return result
 
-    outputs, _ = _decode_setting(blockwise_fn, src_ids, batch_size, f'{split} {name} b{batch_size}')
-    batch_calls = int(sum(int(c) for c in batch_invocations[1:]))  # [0] is the warm-up batch
-    g_seconds, seconds = time_side_by_side([greedy_fn, blockwise_fn], timing_ids, batch_size, timing_repeats, bucket,
-                                           f'{split} {name} b{batch_size}')
-    tokens = [o.tokens_BxL for o in outputs]
-    hyps = [tokenizer.decode(t) for t in tokens]
-    write_lines(os.path.join(out_dir, f'{split}.{name}.b{batch_size}.txt'), hyps)
-    produced = int(sum(int(o.length_B) for o in outputs))
-    iterations = int(sum(int(o.iterations_B) for o in outputs))
-    histogram = np.sum([np.asarray(o.block_counts_BxK) for o in outputs], axis=0)
-    identical = float(np.mean([np.array_equal(a, b) for a, b in zip(tokens, greedy_tokens)]))
-    record = {**base, 'k': k, 'criterion': str(criterion), 'tree': tree_spec or 'chain',
-              'tree_nodes': len(paths) if paths else k, 'quality': bleu(hyps, references),
-              'mean_accepted_block_size': produced / max(iterations, 1), 'iterations': iterations,
-              'invocations': iterations + len(src_ids), 'batch_invocations': batch_calls, 'tokens': produced,
-              'greedy_seconds': g_seconds, 'seconds': seconds, 'speedup': g_seconds / seconds,
-              'identical_to_greedy': identical, 'block_size_histogram': [int(c) for c in histogram]}
-    records.append(record)
-    logging.info('%s b%d %s: BLEU %.2f, mean accepted block %.2f, speedup %.2fx, identical %.3f', split,
-                 batch_size, name, record['quality'], record['mean_accepted_block_size'], record['speedup'],
-                 identical)
-  return records
+    out, fields = measure(name, blockwise_fn)
+    # The rows back into one batch of the whole split, with the calls of its batches: decoding.summarize's
+    # statistics (DESIGN §2). batch_invocations: the warm-up batch, the full decode's batches, then the timing's.
+    num_batches = -(-len(src_ids) // batch_size)
+    calls = int(sum(int(c) for c in batch_invocations[1:1 + num_batches]))
+    split_result = jax.tree.map(lambda *rows: np.stack(rows), *out).replace(invocations=np.int32(calls))
+    stats = decoding.summarize(split_result)
+    records.append({**base, 'k': k, 'criterion': str(criterion), 'tree': tree_spec or 'chain',
+                    'tree_nodes': len(paths) if paths else k, **fields,
+                    'mean_accepted_block_size': stats['mean_accepted_block_size'], 'iterations': stats['iterations'],
+                    'invocations': stats['row_invocations'], 'batch_invocations': stats['batch_invocations'],
+                    'tokens': stats['tokens'], 'block_size_histogram': stats['block_size_histogram']})
+    logging.info('%s b%d %s: %s, mean accepted block %.2f', split, batch_size, name,
+                 _fields(fields), stats['mean_accepted_block_size'])
+  return records, outputs_by_name
 
 
-def write_lines(path, lines):
-  """Writes one line per item, atomically; on process 0 only (the others hold the same lines)."""
-  if jax.process_index() != 0:
-    return
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    for line in lines:
-      f.write(line.replace('\n', ' ') + '\n')
-  os.replace(tmp, path)
+def _fields(record) -> str:
+  return ', '.join(f'{key} {value:.3f}' for key, value in record.items())
 
 
 def decode_sweep(config, workdir: str) -> list[dict]:
@@ -165,32 +164,40 @@ def decode_sweep(config, workdir: str) -> list[dict]:
 
 
 def _decode_sweep(config, workdir: str) -> list[dict]:
-  if config.data.source == 'images':  # super-resolution: PSNR/SSIM and image grids (bpd/evaluate_images.py)
-    return evaluate_images.decode_sweep(config, workdir)
+  task = tasks.for_config(config)
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)
+  task.check_decode(config)
   tree_sweep = checks.check_trees(config, workdir, model_config.k)
   mesh = sharding.make_mesh(config.get('model_axis_size', 1))
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
-  tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
-  decoder = Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh)
+  tokenizer = task.tokenizer_for_decoding(workdir)
+  decoder = Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh, eos_id=task.eos_id)
   out_dir = os.path.join(workdir, DECODE_DIR)
   if jax.process_index() == 0:
     os.makedirs(out_dir, exist_ok=True)
   records = []
   for split in config.decode.splits:
-    src, references = pipeline.load_split(config.data, split, config.seed)
-    if config.decode.max_examples:
-      src, references = src[:config.decode.max_examples], references[:config.decode.max_examples]
-    # Sources get their own length limit: out-of-domain splits (newstest) are longer than training data.
-    src_ids, _, _ = batching.encode_pairs(tokenizer, src, references, config.decode.max_src_len, truncate=True)
-    for batch_size in config.decode.batch_sizes:
+    src_ids, references, inputs = task.decode_examples(config, split, tokenizer)
+    grid_written = False
+    for i, batch_size in enumerate(config.decode.batch_sizes):
+      # Batch 1 is where the speedup is measured, and one example at a time is slow (a 3072-step image): it
+      # may decode only the first few examples (quality is then read at the larger batch sizes).
+      n = config.decode.get('batch1_examples', 0) if batch_size == 1 else 0
       batch_size = sharding.decode_batch_size(batch_size, mesh)
-      records += decode_split(decoder, params, tokenizer, split, src_ids, references, sweep, batch_size, out_dir,
-                              model_config.k, step, config.decode.timing_examples, config.decode.timing_repeats,
-                              tree_sweep)
+      split_records, outputs_by_name = decode_split(
+          task, decoder, params, tokenizer, split, src_ids[:n or None], references[:n or None],
+          inputs[:n or None], sweep, batch_size, out_dir, model_config.k, step, config.decode.timing_examples,
+          config.decode.timing_repeats, config.decode.get('temperature', 0.0), config.decode.get('seed', 0), tree_sweep)
+      records += split_records
       if jax.process_index() == 0:
-        report.write(records, out_dir)  # after every batch size: an interrupted sweep keeps what it measured
+        report.write(records, out_dir, task.columns)  # after every batch size: an interrupted sweep keeps it
+        # One grid per split (outputs depend on the batch size only through float rounding): from the first
+        # batch size that decoded every example, else (batch 1 alone, with batch1_examples) from what it decoded.
+        if not grid_written and (not n or i == len(config.decode.batch_sizes) - 1):
+          grid_written = True
+          task.write_grid(os.path.join(out_dir, f'{split}.grid.png'), inputs[:n or None], references[:n or None],
+                          outputs_by_name, config.decode.get('grid_examples', 8))
   if jax.process_index() == 0:
-    print(report.markdown_table(records))
+    print(report.markdown_table(records, task.columns))
   return records

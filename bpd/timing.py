@@ -2,7 +2,7 @@
 
 Why this file exists (issue #12): a study once reported 1.2-1.6x "speedups" that were a compile landing inside
 the greedy baseline's timed region (the warm-up ran at another padded shape than the timed runs). Every timing
-in the project (bpd/evaluate.py, bpd/evaluate_images.py, experiments/bench_decode.py) goes through
+in the project (bpd/evaluate.py, experiments/bench_decode.py) goes through
 `time_alternating`, which
   1. runs every function once, untimed, on exactly what it will time (compile + warm-up);
   2. alternates the functions `repeats` times (a changing machine load hits all of them alike, DESIGN §7);

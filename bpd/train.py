@@ -12,10 +12,11 @@ vocabulary, one projection instead of k. The new heads can have their own peak r
 Evaluation logs, besides loss and per-head accuracy, the diagnostic that predicts exact acceptance: per head,
 agreement with the scoring model's own greedy output, and the exact mean accepted block size with all k heads.
 
-Images (config.data.source=images, paper §7.2): the same loop on 8x8 -> 32x32 super-resolution; the source
-is 192 and the target 3072 pixel ids of a fixed vocabulary (no tokenizer), batches have fixed shapes, and the
-periodic evaluation reports loss and per-head accuracy (plus, if config.train.eval_psnr_examples > 0, the
-greedy PSNR of that many images: 3072 decoder steps each, slow on a CPU).
+Images (config.data.source=images, paper §7.2): the same loop on 8x8 -> 32x32 super-resolution (what differs
+between the tasks is in bpd/tasks.py); the source is 192 and the target 3072 pixel ids of a fixed vocabulary
+(no tokenizer), batches have fixed shapes, and the periodic evaluation reports loss and per-head accuracy
+(plus, if config.train.eval_psnr_examples > 0, the greedy PSNR of that many images: 3072 decoder steps each,
+slow on a CPU).
 
 Runs resume from the newest checkpoint in the workdir. Batches and dropout depend only on (seed, step), so
 a resumed run reproduces an uninterrupted one exactly.
@@ -39,20 +40,17 @@ import optax
 
 from bpd import checkpoint
 from bpd import checks
+from bpd import decoder as decoder_lib
 from bpd import decoding
-from bpd import evaluate
-from bpd import evaluate_images
 from bpd import losses
 from bpd import metrics
 from bpd import model as model_lib
 from bpd import sharding
+from bpd import tasks
 from bpd.data import batching
 from bpd.data import images
-from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.errors import UserError
-
-EVAL_BLEU_EXAMPLES = 256  # a quick greedy BLEU during training; the full one is --mode=decode
 
 
 def learning_rate_schedule(peak: float, warmup_steps: int):
@@ -242,30 +240,28 @@ def evaluate_during_training(params, eval_step, eval_batches, quick_eval, mesh):
   return out
 
 
-def text_data(config, tokenizer, decoder):
-  """Translation: (batch_for_step, eval_batches, quick_eval) from the configured text source."""
-  dc, tc = config.data, config.train
-  src, tgt = pipeline.load_split(dc, dc.train_split, config.seed)
-  src_ids, tgt_ids, stats = batching.encode_pairs(tokenizer, src, tgt, dc.max_len)
-  logging.info('Training pairs: %s', stats)
-  batch_for_step = batching.make_train_batch_fn(src_ids, tgt_ids, tc.batch_size, dc.bucket_lengths, config.seed)
-  eval_src, eval_tgt = pipeline.load_split(dc, dc.eval_split, config.seed)
-  if dc.max_eval_examples:
-    eval_src, eval_tgt = eval_src[:dc.max_eval_examples], eval_tgt[:dc.max_eval_examples]
-  e_src_ids, e_tgt_ids, _ = batching.encode_pairs(tokenizer, eval_src, eval_tgt, dc.max_len, truncate=True)
-  eval_batches = batching.eval_batches(e_src_ids, e_tgt_ids, tc.batch_size, dc.bucket_lengths)
-
-  agreement_step = make_eval_step(decoder.model, label_smoothing=0.0, mesh=decoder.mesh)
+def training_data(config, task, tokenizer, decoder):
+  """(batch_for_step, eval_batches, quick_eval) of the task (bpd/tasks.py). quick_eval(params) greedy-decodes the
+  first few evaluation examples for the task's quality (greedy_bleu / greedy_psnr; images: only if
+  config.train.eval_psnr_examples > 0, 3072 decoder steps each, slow on a CPU) and, for translation with k > 1,
+  adds the per-head agreement with greedy and the exact mean accepted block size."""
+  batch_for_step, eval_batches, eval_src_ids, eval_references = task.training_data(config, tokenizer)
+  batch_size = config.train.batch_size
+  n = min(task.quick_eval_examples(config), len(eval_src_ids))
   k = decoder.model.config.k
+  agreement = task.agreement_in_quick_eval and k > 1
+  agreement_step = make_eval_step(decoder.model, label_smoothing=0.0, mesh=decoder.mesh) if agreement else None
 
   def quick_eval(params):
-    n = min(EVAL_BLEU_EXAMPLES, len(e_src_ids))
-    greedy_ids = evaluate.run_batches(lambda src: decoder.greedy(params, src)[0], e_src_ids[:n], tc.batch_size)[0]
-    out = {'greedy_bleu': evaluate.bleu([tokenizer.decode(t) for t in greedy_ids], eval_tgt[:n])}
-    if k > 1:
-      out.update(agreement_with_greedy(agreement_step, params, e_src_ids[:n], greedy_ids, tc.batch_size,
+    if not n:
+      return {}
+    greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src)[0], eval_src_ids[:n], batch_size)[0]
+    outputs = task.outputs(tokenizer, greedy_ids)
+    out = {f'greedy_{task.quality_metric}': task.scores(outputs, eval_references[:n], outputs)['quality']}
+    if agreement:
+      out.update(agreement_with_greedy(agreement_step, params, eval_src_ids[:n], greedy_ids, batch_size,
                                        decoder.mesh))
-      out['exact_block_size'] = exact_block_size(decoder, params, e_src_ids[:n], k, tc.batch_size)
+      out['exact_block_size'] = exact_block_size(decoder, params, eval_src_ids[:n], k, batch_size)
     return out
   return batch_for_step, eval_batches, quick_eval
 
@@ -286,7 +282,7 @@ def agreement_with_greedy(agreement_step, params, src_ids, greedy_ids, batch_siz
   tokens = [t[:int(np.argmax(t == tokenizer_lib.EOS_ID)) + 1] if np.any(t == tokenizer_lib.EOS_ID) else t[t > 0]
             for t in tokens]
   # One padded length for every batch (one compiled shape): the source bucket or the longest output.
-  length = max(evaluate.source_bucket(src_ids), max(len(t) for t in greedy_ids))
+  length = max(decoder_lib.source_bucket(src_ids), max(len(t) for t in greedy_ids))
   batches = batching.eval_batches(src_ids, tokens, batch_size, (length,))
   # Per-token accuracy against greedy's tokens is the agreement: the same pooling as the eval loss and accuracy.
   pooled = evaluate_during_training(params, agreement_step, batches, lambda params: {}, mesh)
@@ -326,44 +322,22 @@ def top_r_agreement(model, params, src_ids, greedy_ids, batch_size, ranks: int) 
 
 def exact_block_size(decoder, params, src_ids, k, batch_size) -> float:
   """Mean accepted block size of exact blockwise decoding with all k heads on `src_ids` (what acceptance is)."""
-  results, _ = evaluate.run_batches(lambda src: decoder.blockwise(params, src, k=k, criterion=decoding.Criterion()),
+  results, _ = decoder_lib.run_batches(lambda src: decoder.blockwise(params, src, k=k, criterion=decoding.Criterion()),
                                     src_ids, batch_size)
   tokens = sum(int(r.length_B) for r in results)
   return tokens / max(sum(int(r.iterations_B) for r in results), 1)
 
 
-def image_data(config, decoder):
-  """Super-resolution: (batch_for_step, eval_batches, quick_eval); sources [N, 192], targets [N, 3072]."""
-  dc, tc = config.data, config.train
-  src_NxS, tgt_NxT = pipeline.image_tokens(*pipeline.load_image_split(dc, dc.train_split))
-  src_NxS, tgt_NxT = src_NxS.astype(np.uint16), tgt_NxT.astype(np.uint16)  # ids < 259: half the memory
-  batch_for_step = batching.make_fixed_train_batch_fn(src_NxS, tgt_NxT, tc.batch_size, config.seed)
-  eval_lowres, eval_highres = pipeline.load_image_split(dc, dc.eval_split, dc.max_eval_examples or None)
-  eval_batches = batching.fixed_eval_batches(*pipeline.image_tokens(eval_lowres, eval_highres), tc.batch_size)
-  n = tc.get('eval_psnr_examples', 0)
-
-  def quick_eval(params):
-    if not n:
-      return {}
-    return {'greedy_psnr': evaluate_images.greedy_psnr(decoder, params, eval_lowres[:n], eval_highres[:n],
-                                                       tc.batch_size)}
-  return batch_for_step, eval_batches, quick_eval
-
-
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (resuming if the workdir has a checkpoint); returns the last evaluation metrics."""
   checks.check_train(config, workdir)
-  tc, dc = config.train, config.data
+  tc = config.train
   mesh = sharding.make_mesh(config.get('model_axis_size', 1))
   sharding.check_batch_size(tc.batch_size, mesh)
   logging.info('Mesh %s over %d process(es).', dict(mesh.shape), jax.process_count())
-  if dc.source == 'images':
-    tokenizer, vocab_size = None, images.IMAGE_VOCAB_SIZE  # pixel ids 3..258; 0..2 as in text (pad, eos, bos)
-  else:
-    # Process 0 trains (or copies) the tokenizer; the others wait for the file, then load it.
-    tokenizer = sharding.process_zero_first(
-        lambda: pipeline.tokenizer_for(workdir, dc, config.seed, reuse_from=tc.init_from), 'tokenizer')
-    vocab_size = tokenizer.vocab_size
+  task = tasks.for_config(config)
+  tokenizer = task.tokenizer_for_training(config, workdir)
+  vocab_size = task.vocab_size(tokenizer)
   model_config = model_lib.model_config(config.model.size, vocab_size=vocab_size,
                                         k=1 if tc.regime == 'base' else config.k,
                                         dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
@@ -374,12 +348,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     checkpoint.write_model_config(workdir, model_config)
   model = model_lib.Transformer(model_config)
 
-  if dc.source == 'images':
-    decoder = evaluate.Decoder(model, max_len=config.decode.max_len, mesh=mesh, eos_id=evaluate_images.NO_EOS)
-    batch_for_step, eval_batches, quick_eval = image_data(config, decoder)
-  else:
-    decoder = evaluate.Decoder(model, max_len=dc.max_len, mesh=mesh)
-    batch_for_step, eval_batches, quick_eval = text_data(config, tokenizer, decoder)
+  decoder = decoder_lib.Decoder(model, max_len=task.training_decode_len(config), mesh=mesh, eos_id=task.eos_id)
+  batch_for_step, eval_batches, quick_eval = training_data(config, task, tokenizer, decoder)
 
   mngr = checkpoint.manager(workdir, tc.keep_checkpoints)
   start_step = mngr.latest_step()

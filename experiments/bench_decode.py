@@ -26,6 +26,15 @@ blockwise iteration (the loop body: score k tokens, accept, propose at one posit
   achieved GFLOP/s and GB/s = count / measured time, against this machine's measured peaks (a large float32
   matmul under jit; a large array sum under jit). roofline_ratio = max(FLOPs / peak, bytes / bandwidth) of an
   iteration over that of a greedy step: the ratio a machine at its roofline would give.
+
+TPU estimate (--tpu=v5e,v4; needs the optional extra `pip install -e '.[tpu]'`, no TPU): for each row, the same
+greedy step and blockwise iteration, in bfloat16, compiled for one chip of each named generation by libtpu
+(experiments/tpu_estimate.py), for each model size of --tpu_sizes (default: the config's). Nothing runs on a TPU:
+tpu_<chip>_<size>_ratio = max(FLOPs / peak, bytes / HBM bandwidth) of the iteration over that of the greedy step,
+from the TPU compiler's cost analysis and the chip's published peaks. An ESTIMATE, labelled so in the table.
+
+  python -m experiments.bench_decode --config=configs/multi30k_ende.py --ks=4,8 --batch_sizes=1,32 \
+      --tpu=v5e,v4 --tpu_sizes=small,base --json=bench.json
 """
 
 import dataclasses
@@ -41,19 +50,28 @@ from ml_collections import config_flags
 import numpy as np
 
 from bpd import decoding
+from bpd import errors
 from bpd import model as model_lib
 from bpd import timing
+from experiments import tpu_estimate
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file; its model size and vocabulary are used.')
-_JSON = flags.DEFINE_string('json', None, 'Write the records here as a JSON list.')
-_KS = flags.DEFINE_list('ks', ['2', '4', '6', '8', '10'], 'Block sizes k to time.')
-_BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '8', '32'], 'Batch sizes to time.')
-_MAX_LEN = flags.DEFINE_integer('max_len', 120, 'Tokens decoded per run (a multiple of every k keeps '
-                                'every block full).')
-_SRC_LEN = flags.DEFINE_integer('src_len', 24, 'Source length.')
-_HEAD_HIDDEN = flags.DEFINE_integer('head_hidden', 0, 'Hidden width of each proposal head (model.head_hidden; '
-                                    '0 = d_ff, the paper\'s multi-output layer).')
-_REPEATS = flags.DEFINE_integer('repeats', 7, 'Alternating timed runs per (k, batch) row (medians reported).')
+# Flags exist only when this file runs as a script: importing it (tests, another script) defines none, so
+# scripts that share flag names (--config) can be imported together.
+if __name__ == '__main__':
+  _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file; its model size and vocabulary are used.')
+  _JSON = flags.DEFINE_string('json', None, 'Write the records here as a JSON list.')
+  _KS = flags.DEFINE_list('ks', ['2', '4', '6', '8', '10'], 'Block sizes k to time.')
+  _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '8', '32'], 'Batch sizes to time.')
+  _MAX_LEN = flags.DEFINE_integer('max_len', 120, 'Tokens decoded per run (a multiple of every k keeps '
+                                  'every block full).')
+  _SRC_LEN = flags.DEFINE_integer('src_len', 24, 'Source length.')
+  _HEAD_HIDDEN = flags.DEFINE_integer('head_hidden', 0, 'Hidden width of each proposal head (model.head_hidden; '
+                                      '0 = d_ff, the paper\'s multi-output layer).')
+  _REPEATS = flags.DEFINE_integer('repeats', 7, 'Alternating timed runs per (k, batch) row (medians reported).')
+  _TPU = flags.DEFINE_list('tpu', [], 'TPU chips (v5e, v4) to estimate each row for, by compiling for them with libtpu '
+                           "(pip install -e '.[tpu]'; no TPU needed). Empty: no estimate.")
+  _TPU_SIZES = flags.DEFINE_list('tpu_sizes', [], 'Model sizes (bpd.model.SIZES) of the TPU estimate, with the '
+                                 "config's vocabulary. Empty: the config's model size.")
 
 BOS = 2
 NEVER = -1  # an EOS id that argmax never returns: every row decodes max_len tokens
@@ -193,7 +211,8 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
                                                          count['bytes'] / (peaks[bandwidth] * 1e9))
       records.append({
           'k': k, 'batch_size': batch_size, 'greedy_step_s': greedy_s, 'block_step_s': block_s,
-          'ratio': block_s / greedy_s, 'iterations': iterations, 'max_len': max_len, 'repeats': repeats,
+          'ratio': block_s / greedy_s, 'iterations': iterations, 'max_len': max_len, 'cache_len': cache_len,
+          'src_len': src_len, 'repeats': repeats,
           'greedy_flops_xla': greedy_flops, 'greedy_bytes_xla': greedy_bytes,
           'block_flops_xla': block_flops, 'block_bytes_xla': block_bytes,
           'greedy_flops_count': greedy_count['flops'], 'greedy_bytes_count': greedy_count['bytes'],
@@ -210,16 +229,59 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
   return records
 
 
-def format_table(records, title=''):
+# -- the TPU estimate (experiments/tpu_estimate.py) -----------------------------------------------------------
+
+def tpu_setup(chips: list[str], sizes: list[str], vocab_size: int, k: int, head_hidden: int):
+  """({chip: (device, devices per chip)}, {size: ModelConfig}) for add_tpu_estimates, or a UserError (no libtpu, an
+  unknown chip or size) before anything is measured or compiled."""
+  if sizes and not chips:
+    raise errors.UserError(f'--tpu_sizes={",".join(sizes)} sizes the TPU estimate: name the chips too, e.g. '
+                           '--tpu=v5e,v4.')
+  configs = {size: model_lib.model_config(size, vocab_size=vocab_size, k=k, dropout_rate=0.0, head_hidden=head_hidden)
+             for size in sizes}
+  return {chip: tpu_estimate.chip_device(chip) for chip in chips}, configs
+
+
+def add_tpu_estimates(records, chip_devices, configs):
+  """Adds tpu_<chip>_<size>_{greedy,block}_{flops,bytes,roofline_s} and tpu_<chip>_<size>_ratio to each record.
+
+  For each record's (k, batch, cache length) and each chip and model size: the greedy step and the k-token iteration
+  compiled for that chip (tpu_estimate.step_cost; bfloat16) and their rooflines from its published peaks.
+  """
+  greedy = {}  # a greedy step does not depend on k: compiled once per (chip, size, batch)
+  for r in records:
+    shapes = dict(batch=r['batch_size'], max_len=r['max_len'], src_len=r['src_len'], cache_len=r['cache_len'])
+    for chip, (device, devices_per_chip) in chip_devices.items():
+      for size, config in configs.items():
+        key = (chip, size, r['batch_size'])
+        if key not in greedy:
+          greedy[key] = tpu_estimate.step_cost(config, device, 'greedy', k=1, **shapes)
+        block = tpu_estimate.step_cost(config, device, 'block', k=r['k'], **shapes)
+        roofs = {step: tpu_estimate.roofline_s(c, chip, devices_per_chip)
+                 for step, c in (('greedy', greedy[key]), ('block', block))}
+        prefix = f'tpu_{chip}_{size}_'
+        r.update({f'{prefix}greedy_flops': greedy[key]['flops'], f'{prefix}greedy_bytes': greedy[key]['bytes'],
+                  f'{prefix}block_flops': block['flops'], f'{prefix}block_bytes': block['bytes'],
+                  f'{prefix}greedy_roofline_s': roofs['greedy'], f'{prefix}block_roofline_s': roofs['block'],
+                  f'{prefix}ratio': roofs['block'] / roofs['greedy']})
+  return records
+
+
+def format_table(records, title='', tpu_chips=(), tpu_sizes=()):
+  """The records as a markdown table; one more column per TPU chip, its estimated ratio for each of tpu_sizes."""
   lines = [title] if title else []
+  tpu_headers = [f"TPU {chip} ESTIMATE: ratio ({'; '.join(tpu_sizes)})" for chip in tpu_chips]
   lines += ['| k | batch | greedy step (ms) | blockwise iteration (ms) | ratio | roofline ratio (memory; L3) | '
+            + ''.join(f'{h} | ' for h in tpu_headers) +
             'GFLOP greedy / iter (XLA; count) | MB greedy / iter (XLA; weights+cache) | '
             'achieved GFLOP/s greedy / iter | achieved GB/s greedy / iter |',
-            '|---|---|---|---|---|---|---|---|---|---|']
+            '|---' * (10 + len(tpu_headers)) + '|']
   for r in records:
+    tpu = ''.join('; '.join(f"{r[f'tpu_{chip}_{size}_ratio']:.2f}" for size in tpu_sizes) + ' | '
+                  for chip in tpu_chips)
     lines.append(
         f"| {r['k']} | {r['batch_size']} | {1e3 * r['greedy_step_s']:.2f} | {1e3 * r['block_step_s']:.2f} | "
-        f"{r['ratio']:.2f} | {r['roofline_ratio']:.2f}; {r['roofline_ratio_cached']:.2f} | "
+        f"{r['ratio']:.2f} | {r['roofline_ratio']:.2f}; {r['roofline_ratio_cached']:.2f} | {tpu}"
         f"{r['greedy_flops_xla'] / 1e9:.3f} / {r['block_flops_xla'] / 1e9:.3f} "
         f"({r['greedy_flops_count'] / 1e9:.3f} / {r['block_flops_count'] / 1e9:.3f}) | "
         f"{r['greedy_bytes_xla'] / 1e6:.1f} / {r['block_bytes_xla'] / 1e6:.1f} "
@@ -229,10 +291,30 @@ def format_table(records, title=''):
   return '\n'.join(lines)
 
 
+def tpu_title(chip_devices, configs):
+  """The header line that says what the TPU columns are and where their peaks come from."""
+  chips = []
+  for chip, (_, devices_per_chip) in chip_devices.items():
+    peaks = tpu_estimate.CHIPS[chip]
+    chips.append(f"{chip} {peaks['flop_s'] / 1e12:.0f} TFLOP/s, {peaks['byte_s'] / 1e9:.0f} GB/s"
+                 + (f' (compiled for one of its {devices_per_chip} TensorCores, with 1/{devices_per_chip} of these)'
+                    if devices_per_chip > 1 else ''))
+  sizes = [f'{size} d={c.d_model}, {c.num_decoder_layers} decoder layers, ff {c.d_ff}' for size, c in configs.items()]
+  return ('TPU columns: ESTIMATES, nothing ran on a TPU. The same greedy step and blockwise iteration in bfloat16, '
+          'compiled by libtpu for one chip (sizes: ' + '; '.join(sizes) + '); ratio = max(FLOPs / peak, bytes / '
+          "bandwidth) of the iteration over that of the greedy step, from the TPU compiler's cost analysis and the "
+          'published per-chip bf16 and HBM peaks (Google Cloud TPU documentation, v4 and v5e system architecture): '
+          + '; '.join(chips) + '.')
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
   k_values = [int(k) for k in _KS.value]
+  tpu_sizes = _TPU_SIZES.value or ([config.model.size] if _TPU.value else [])
+  # First, so that a missing libtpu or a bad name stops the command before it measures anything.
+  chip_devices, tpu_configs = tpu_setup(_TPU.value, tpu_sizes, config.data.vocab_size, max(k_values),
+                                        _HEAD_HIDDEN.value)
   model_config = model_lib.model_config(config.model.size, vocab_size=config.data.vocab_size, k=max(k_values),
                                         dropout_rate=0.0, dtype=config.model.dtype, head_hidden=_HEAD_HIDDEN.value)
   model = model_lib.Transformer(model_config)
@@ -240,6 +322,7 @@ def main(argv):
   peaks = machine_peaks()
   records = bench(model, params, k_values, [int(b) for b in _BATCH_SIZES.value], _MAX_LEN.value, _SRC_LEN.value,
                   _REPEATS.value, peaks=peaks)
+  add_tpu_estimates(records, chip_devices, tpu_configs)
   c = model_config
   title = (f'model {config.model.size}: d={c.d_model}, {c.num_encoder_layers}+{c.num_decoder_layers} layers, '
            f'ff {c.d_ff}, head_hidden {c.head_hidden or c.d_ff}, vocab {c.vocab_size}, {c.dtype}; '
@@ -247,7 +330,9 @@ def main(argv):
            f'median of {_REPEATS.value} alternating runs per row; '
            f"measured peaks {peaks['peak_gflop_s']:.1f} GFLOP/s (float32 matmul), "
            f"{peaks['peak_gbyte_s']:.1f} GB/s (256 MB array sum), {peaks['cached_gbyte_s']:.1f} GB/s (8 MB, in L3)")
-  print(format_table(records, title))
+  if chip_devices:
+    title += '\n' + tpu_title(chip_devices, tpu_configs)
+  print(format_table(records, title, tpu_chips=list(chip_devices), tpu_sizes=tpu_sizes))
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(records, f, indent=1)
@@ -255,4 +340,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  app.run(lambda argv: errors.exit_on_user_error(main, argv))

@@ -30,23 +30,16 @@ from bpd import sharding
 from bpd import train
 from bpd.data import images
 from bpd.errors import UserError
+from experiments.tpu_estimate import topology_devices  # UserError naming the [tpu] extra if libtpu is absent
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'The config that would run on the pod.')
-_TOPOLOGY = flags.DEFINE_string('topology', 'v4:2x2x4', 'TPU topology, GENERATION:SHAPE (v4:2x2x4 = v4-32).')
+# Flags exist only when this file runs as a script: importing it (tests, another script) defines none, so
+# scripts that share flag names (--config) can be imported together.
+if __name__ == '__main__':
+  _CONFIG = config_flags.DEFINE_config_file('config', None, 'The config that would run on the pod.')
+  _TOPOLOGY = flags.DEFINE_string('topology', 'v4:2x2x4', 'TPU topology, GENERATION:SHAPE (v4:2x2x4 = v4-32).')
 
 # Published HBM per chip (Google Cloud TPU documentation, system architecture pages of v4 and v5e).
 HBM_BYTES = {'v4': 32 * 2**30, 'v5e': 16 * 2**30, 'v5p': 95 * 2**30, 'v6e': 32 * 2**30}
-LIBTPU_MISSING = ("libtpu is not installed: install the optional extra with `pip install -e '.[tpu]'` "
-                  '(the TPU compiler; no TPU needed).')
-
-
-def topology_devices(topology: str):
-  """The devices of an abstract TPU topology; RuntimeError naming the extra if libtpu is absent."""
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  try:
-    return topologies.get_topology_desc(topology_name=topology, platform='tpu').devices
-  except Exception as e:  # pylint: disable=broad-except  (jax raises several kinds when libtpu is absent)
-    raise RuntimeError(f'{LIBTPU_MISSING} ({type(e).__name__}: {e})') from e
 
 
 def per_chip_bytes(compiled) -> dict:
@@ -130,15 +123,15 @@ def main(argv):
   generation = _TOPOLOGY.value.split(':')[0]
   if generation not in HBM_BYTES:
     raise app.UsageError(f'--topology={_TOPOLOGY.value}: HBM per chip known for {sorted(HBM_BYTES)} only.')
-  devices = topology_devices(_TOPOLOGY.value)
-  chips = int(np.prod([int(n) for n in _TOPOLOGY.value.split(':')[1].split('x')]))
-  # Some generations list each chip's TensorCores as separate devices (v4 without megacore): they share its HBM.
-  hbm = HBM_BYTES[generation] * chips // len(devices)
   try:
+    devices = topology_devices(_TOPOLOGY.value)
     records = preflight(_CONFIG.value, devices)
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
+  chips = int(np.prod([int(n) for n in _TOPOLOGY.value.split(':')[1].split('x')]))
+  # Some generations list each chip's TensorCores as separate devices (v4 without megacore): they share its HBM.
+  hbm = HBM_BYTES[generation] * chips // len(devices)
   print(format_table(records, hbm, (
       f'Compiled for {_TOPOLOGY.value} ({chips} chips, {len(devices)} devices, nothing run); memory per device in '
       f'GiB from XLA\'s memory analysis; HBM {hbm / 2**30:.0f} GiB per device ({generation}: '

@@ -1,158 +1,117 @@
-r"""An estimate, without a TPU, of the price of verification on one: compile for a TPU topology, read XLA's costs.
+r"""An estimate, without a TPU, of the price of verification on one: compile for a TPU chip, read XLA's costs.
 
   pip install -e '.[tpu]'   # libtpu, the TPU compiler (~700 MB); nothing here needs a TPU attached
-  python -m experiments.tpu_estimate --config=configs/multi30k_ende.py
+  python -m experiments.bench_decode --config=configs/multi30k_ende.py --tpu=v5e,v4 --tpu_sizes=small,base
 
-One greedy step and one blockwise iteration (the same loop bodies that experiments/bench_decode.py times:
-decoding.greedy_body / blockwise_body) are lowered with abstract inputs (jax.ShapeDtypeStruct, parameters
-replicated, the batch split over the chips of --topology) and compiled by libtpu for that topology. Nothing runs.
-From the compiled program's cost analysis (per chip): FLOPs, bytes accessed, and the TPU compiler's own
-'optimal_seconds'. The roofline estimate of each step is max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) with the
-published per-chip peaks below; ratio = iteration / greedy step, the number bench_decode measures on CPU.
+bench_decode calls these functions for each (k, batch) row it measures on CPU. One greedy step and one blockwise
+iteration (the loop bodies that bench_decode times: decoding.greedy_body / blockwise_body) are lowered with abstract
+inputs (jax.ShapeDtypeStruct on one device of a one-chip topology) and compiled by libtpu. Nothing runs. From the
+compiled program's cost analysis: FLOPs and bytes accessed. The roofline estimate of each step is
+max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) with the published per-chip peaks below; ratio = iteration / greedy
+step, the number bench_decode measures on CPU. (The compiler's own 'optimal_seconds' is not used: it came back
+negative or zero for some of these steps, issue #12.)
 
 This is an ESTIMATE: real steps also pay fixed per-op and per-loop-iteration latencies that a roofline ignores, and
-which dominate at batch 1 for a model this small, so the real ratio sits between the estimate and 1.
+which dominate at batch 1 for a model this small, so the real ratio sits between the estimate and 1. XLA's bytes
+count every op's operands and outputs: an upper bound on the memory traffic.
 """
 
+import dataclasses
 import functools
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from ml_collections import config_flags
+from jax.sharding import SingleDeviceSharding
 
 from bpd import decoding
 from bpd import model as model_lib
+from bpd.errors import UserError
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file; its model size and vocabulary are used.')
-_TOPOLOGY = flags.DEFINE_string('topology', 'v5e:2x2', 'TPU topology to compile for (a key of PEAKS, then :shape).')
-_KS = flags.DEFINE_list('ks', ['2', '4', '8'], 'Block sizes k.')
-_BATCH_PER_CHIP = flags.DEFINE_list('batch_per_chip', ['1', '8', '32'], 'Rows per chip.')
-_DTYPE = flags.DEFINE_string('dtype', 'bfloat16', 'Activation dtype.')
-_PARAM_DTYPE = flags.DEFINE_enum('param_dtype', 'compute', ['compute', 'float32'],
-                                 "Parameters the loop reads: 'compute' (cast to --dtype once before decoding, as the "
-                                 "decoders do) or 'float32' (the training parameters, cast inside every step).")
-_MAX_LEN = flags.DEFINE_integer('max_len', 120, 'Cache length is max_len + max(k) + 1.')
-_SRC_LEN = flags.DEFINE_integer('src_len', 24, 'Source length.')
-
-# Published per-chip peaks (Google Cloud TPU documentation, "TPU v5e" and "TPU v4" system architecture pages):
-# bf16 FLOP/s and HBM bytes/s. A v5e chip is one device (one TensorCore). A v4 chip has two TensorCores, which the
-# abstract topology may list as two devices: then each device has about half these peaks, and the absolute times
-# below are half what they should be (ratios are unaffected).
-PEAKS = {'v5e': (197e12, 819e9), 'v4': (275e12, 1228e9)}
-BOS, NEVER = 2, -1
+# Per chip: a topology of that one chip (as jax.experimental.topologies names it) and the published peaks, bf16
+# FLOP/s and HBM bytes/s (Google Cloud TPU documentation, "TPU v5e" and "TPU v4" system architecture pages). A v4 chip
+# has two TensorCores, which the abstract topology lists as two devices: a step is compiled for one of them, with
+# half the chip's peaks (ratios do not depend on that halving; absolute times are those of one TensorCore).
+CHIPS = {'v5e': {'topology': 'v5e:1x1', 'flop_s': 197e12, 'byte_s': 819e9},
+         'v4': {'topology': 'v4:1x1x1', 'flop_s': 275e12, 'byte_s': 1228e9}}
+DTYPE = 'bfloat16'  # what a TPU decodes in: activations and (cast once before the loop) parameters
+BOS, NEVER = 2, -1  # as bench_decode: an EOS id that argmax never returns
 
 LIBTPU_MISSING = ("libtpu is not installed: install the optional extra with `pip install -e '.[tpu]'` "
                   '(the TPU compiler; no TPU needed).')
 
 
-def tpu_mesh(topology: str) -> Mesh:
-  """A 1-axis ('data') mesh over the chips of an abstract TPU topology; RuntimeError naming the extra if absent."""
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+def topology_devices(topology: str, **kwargs) -> list:
+  """The devices of an abstract TPU topology (GENERATION:SHAPE); UserError naming the extra if libtpu is absent."""
   try:
-    devices = topologies.get_topology_desc(topology_name=topology, platform='tpu').devices
-  except Exception as e:  # pylint: disable=broad-except  (jax raises several kinds when libtpu is absent)
-    raise RuntimeError(f'{LIBTPU_MISSING} ({type(e).__name__}: {e})') from e
-  return Mesh(devices, ('data',))
+    import libtpu  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    raise UserError(LIBTPU_MISSING) from e
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  return topologies.get_topology_desc(topology_name=topology, platform='tpu', **kwargs).devices
 
 
-def cost(jitted, *args, **kwargs):
-  """{'flops', 'bytes', 'optimal_s'} per chip from the compiled program's cost analysis."""
+def chip_device(chip: str):
+  """(one device of a one-chip topology of `chip`, devices on that chip); UserError for an unknown chip or no libtpu."""
+  if chip not in CHIPS:
+    raise UserError(f'--tpu={chip}: published peaks are known for {sorted(CHIPS)} only; name one of those.')
+  # The default host bounds (2x2x1 chips) refuse a one-chip topology: say that the host has one chip.
+  devices = topology_devices(CHIPS[chip]['topology'], chips_per_host_bounds=(1, 1, 1))
+  return devices[0], len(devices)
+
+
+def cost(jitted, *args, **kwargs) -> dict:
+  """{'flops', 'bytes'} of one device from the compiled program's cost analysis (compiled, not run)."""
   analysis = jitted.lower(*args, **kwargs).compile().cost_analysis()
-  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-  return {'flops': float(analysis.get('flops', 0.0)), 'bytes': float(analysis.get('bytes accessed', 0.0)),
-          'optimal_s': float(analysis.get('optimal_seconds', float('nan')))}
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis  # older JAX: one dict per device
+  return {'flops': float(analysis.get('flops', 0.0)), 'bytes': float(analysis.get('bytes accessed', 0.0))}
 
 
-def estimate(model, mesh, k_values, batches_per_chip, max_len, src_len, peak_flop_s, peak_byte_s):
-  """Records {k, batch_per_chip, greedy_*, block_*, ratio_roofline, ratio_optimal} for an abstract TPU mesh."""
-  cache_len = max_len + max(k_values) + 1
-  replicated = NamedSharding(mesh, P())
-  by_row = NamedSharding(mesh, P('data'))
-  chips = mesh.devices.size
+def roofline_s(step_cost: dict, chip: str, devices_per_chip: int) -> float:
+  """max(FLOPs / peak, bytes / bandwidth) of one step on one device, each peak the chip's / devices_per_chip."""
+  peaks = CHIPS[chip]
+  return max(step_cost['flops'] * devices_per_chip / peaks['flop_s'],
+             step_cost['bytes'] * devices_per_chip / peaks['byte_s'])
+
+
+def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch: int, max_len: int, src_len: int,
+              cache_len: int, param_dtype: str = 'compute') -> dict:
+  """cost() of one greedy step (step='greedy') or of one k-token blockwise iteration (step='block') on `device`.
+
+  The model is `config` with DTYPE activations and k heads for an iteration (so that it reads the k - 1 proposal
+  heads it uses, as bench_decode's pre-sliced parameters do; 1 head for a greedy step). param_dtype='compute': the
+  parameters the loop reads are already in DTYPE, as decode_fns casts them once before the loop; 'float32': the
+  training parameters, cast inside every step (what the decoders did before issue #12).
+  """
+  k = k if step == 'block' else 1
+  model = model_lib.Transformer(dataclasses.replace(config, k=k, dtype=DTYPE))
+  on_device = SingleDeviceSharding(device)
+  abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device), tree)
   params = jax.eval_shape(functools.partial(model_lib.init_params, model.config), jax.random.PRNGKey(0))
-  if _PARAM_DTYPE.value == 'compute':  # what the decoders do: cast once, outside the loop (model.decode_fns)
-    params = jax.eval_shape(lambda p: model_lib.params_in_compute_dtype(p, model.config.dtype), params)
-  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params)
+  if param_dtype == 'compute':
+    params = jax.eval_shape(lambda p: model_lib.params_in_compute_dtype(p, DTYPE), params)
+  params = abstract(params)
 
-  def abstract(tree):  # leading dim = rows: split over the chips; scalars replicated
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=by_row if x.ndim else replicated),
-                        tree)
-
-  def encode(params, src):
-    return model_lib.decode_fns(model, params)[0](src, cache_len)
+  def encode(params, src_BxS):
+    return model_lib.decode_fns(model, params)[0](src_BxS, cache_len)
 
   def greedy_step(params, carry):
     _, score_fn, _ = model_lib.decode_fns(model, params)
     return decoding.greedy_body(score_fn, eos_id=NEVER)(carry)
 
-  def block_init(params, state, k):
-    _, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
-    return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=state['src_mask_BxS'].shape[0], k=k,
-                                   max_len=max_len, bos_id=BOS)
+  def block_init(params, state):
+    _, score_fn, propose_fn = model_lib.decode_fns(model, params)
+    return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=batch, k=k, max_len=max_len, bos_id=BOS)
 
-  def block_step(params, s, k):
-    _, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
+  def block_step(params, s):
+    _, score_fn, propose_fn = model_lib.decode_fns(model, params)
     return decoding.blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=NEVER,
                                    criterion=decoding.Criterion(min_block=k))(s)
 
-  roof = lambda c: max(c['flops'] / peak_flop_s, c['bytes'] / peak_byte_s)
-  records = []
-  for per_chip in batches_per_chip:
-    batch = per_chip * chips
-    src = jax.ShapeDtypeStruct((batch, src_len), jnp.int32, sharding=by_row)
-    state = abstract(jax.eval_shape(encode, params, src))
-    carry = abstract(jax.eval_shape(lambda s: decoding.greedy_init(s, batch_size=batch, max_len=max_len, bos_id=BOS),
-                                    state))
-    # The carry is donated, as a while_loop's is updated in place: otherwise the step copies the KV caches.
-    greedy = cost(jax.jit(greedy_step, donate_argnums=1), params, carry)
-    for k in k_values:
-      s = abstract(jax.eval_shape(functools.partial(block_init, k=k), params, state))
-      block = cost(jax.jit(block_step, static_argnames='k', donate_argnums=1), params, s, k=k)
-      records.append({'k': k, 'batch_per_chip': per_chip, 'chips': chips,
-                      **{f'greedy_{n}': v for n, v in greedy.items()}, **{f'block_{n}': v for n, v in block.items()},
-                      'greedy_roofline_s': roof(greedy), 'block_roofline_s': roof(block),
-                      'ratio_roofline': roof(block) / roof(greedy),
-                      'ratio_optimal': block['optimal_s'] / greedy['optimal_s']})
-  return records
-
-
-def format_table(records, title=''):
-  lines = [title] if title else []
-  lines += ['| k | batch per chip | greedy step est. (µs) | iteration est. (µs) | ratio est. (roofline) | '
-            'ratio (XLA optimal_seconds) | GFLOP greedy / iter | MB greedy / iter |',
-            '|---|---|---|---|---|---|---|---|']
-  for r in records:
-    lines.append(f"| {r['k']} | {r['batch_per_chip']} | {1e6 * r['greedy_roofline_s']:.1f} | "
-                 f"{1e6 * r['block_roofline_s']:.1f} | {r['ratio_roofline']:.2f} | {r['ratio_optimal']:.2f} | "
-                 f"{r['greedy_flops'] / 1e9:.4f} / {r['block_flops'] / 1e9:.4f} | "
-                 f"{r['greedy_bytes'] / 1e6:.1f} / {r['block_bytes'] / 1e6:.1f} |")
-  return '\n'.join(lines)
-
-
-def main(argv):
-  del argv
-  config = _CONFIG.value
-  k_values = [int(k) for k in _KS.value]
-  generation = _TOPOLOGY.value.split(':')[0]
-  if generation not in PEAKS:
-    raise app.UsageError(f'--topology={_TOPOLOGY.value}: published peaks known for {sorted(PEAKS)} only.')
-  model_config = model_lib.model_config(config.model.size, vocab_size=config.data.vocab_size, k=max(k_values),
-                                        dropout_rate=0.0, dtype=_DTYPE.value)
-  mesh = tpu_mesh(_TOPOLOGY.value)
-  peak_flop_s, peak_byte_s = PEAKS[generation]
-  records = estimate(model_lib.Transformer(model_config), mesh, k_values, [int(b) for b in _BATCH_PER_CHIP.value],
-                     _MAX_LEN.value, _SRC_LEN.value, peak_flop_s, peak_byte_s)
-  c = model_config
-  print(format_table(records, (
-      f'ESTIMATE (compiled for {_TOPOLOGY.value}, {mesh.devices.size} devices, nothing run): model '
-      f'{config.model.size}, d={c.d_model}, {c.num_decoder_layers} decoder layers, vocab {c.vocab_size}, '
-      f'{c.dtype} activations; per device {peak_flop_s / 1e12:.0f} TFLOP/s bf16, {peak_byte_s / 1e9:.0f} GB/s HBM '
-      '(published peaks)')))
-
-
-if __name__ == '__main__':
-  flags.mark_flags_as_required(['config'])
-  app.run(main)
+  state = abstract(jax.eval_shape(encode, params, jax.ShapeDtypeStruct((batch, src_len), jnp.int32)))
+  if step == 'greedy':
+    carry = jax.eval_shape(lambda s: decoding.greedy_init(s, batch_size=batch, max_len=max_len, bos_id=BOS), state)
+    body = greedy_step
+  else:
+    carry, body = jax.eval_shape(block_init, params, state), block_step
+  # The carry is donated, as a while_loop's is updated in place: otherwise the step copies the KV caches.
+  return cost(jax.jit(body, donate_argnums=1), params, abstract(carry))

@@ -287,6 +287,12 @@ def test_error_sweep_k_larger_than_checkpoint(trained):
                 tiny_config(**{'decode.ks': (2, 5)}), heads_dir)
 
 
+def test_error_temperature_on_text(trained):
+  _, heads_dir = trained
+  _expect_error(r'temperature sampling is a decode option for images', evaluate.decode_sweep,
+                tiny_config(**{'decode.temperature': 0.8}), heads_dir)
+
+
 def test_error_init_from_a_different_model_size(trained, tmp_path):
   base_dir, _ = trained
   config = tiny_config(**{'k': 3, 'train.regime': 'finetune', 'train.init_from': base_dir, 'model.size': 'small'})

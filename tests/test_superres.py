@@ -141,6 +141,31 @@ def test_batch1_decodes_only_the_first_images_and_the_grid_uses_the_full_batch(t
   assert Image.open(os.path.join(workdir, 'decode', 'val.grid.png')).width == width_2_examples - (128 + 2)
 
 
+def test_image_sampling_through_the_decode_sweep_is_reproducible_and_in_the_grid(trained, tmp_path):
+  """config.decode.temperature > 0 adds a sampled row (k = 1, criterion sample:T) beside greedy and the blockwise
+  rows: PSNR and the image fields, its own .npy, a row of the grid; the same seed gives the same images."""
+  data, _, heads_dir, _, _ = trained
+  config = tiny_config(data, k=3, **{'decode.criteria': ('exact',), 'decode.temperature': 1.0,
+                                     'decode.seed': 5})
+  outputs = []
+  for name in ('a', 'b'):
+    workdir = str(tmp_path / name)
+    shutil.copytree(heads_dir, workdir, ignore=shutil.ignore_patterns('decode*'))
+    records = evaluate.decode_sweep(config, workdir)
+    outputs.append(np.load(os.path.join(workdir, 'decode', 'val.sample1.b1.npy')))
+  assert [(r['k'], r['criterion']) for r in records] == [(1, 'greedy'), (1, 'sample:1'), (3, 'exact')]
+  sampled = records[1]
+  assert sampled['quality_metric'] == 'psnr' and (sampled['temperature'], sampled['seed']) == (1.0, 5)
+  assert sampled['tokens'] == 2 * DECODE_LEN and sampled['mean_accepted_block_size'] == 1.0
+  for key in ('quality', 'ssim', 'psnr_vs_greedy', 'distinct_intensities', 'identical_to_greedy', 'speedup'):
+    assert key in sampled, key
+  np.testing.assert_array_equal(outputs[0], outputs[1])
+  assert outputs[0].shape == (2, 32, 32, 3)
+  assert 'sample:1' in open(os.path.join(workdir, 'decode', 'results.md')).read()
+  grid = Image.open(os.path.join(workdir, 'decode', 'val.grid.png'))
+  assert grid.height == 5 * (128 + 2) + 2  # input, greedy, sample:1, k3.exact, ground truth
+
+
 def test_decoded_images_round_trip_the_tokens(trained):
   tokens_NxL = np.arange(2 * DECODE_LEN).reshape(2, DECODE_LEN) % 256 + images.PIXEL_OFFSET
   out = evaluate_images.outputs_to_images(tokens_NxL)
@@ -245,6 +270,12 @@ def test_error_bad_image_source_and_decode_length(tmp_path, trained):
                 tiny_config(data, **{'data.image_source': 'png'}), str(tmp_path / 'w'))
   _expect_error(r'max_len=4000: a 32x32x3 image has 3072 sub-pixels', evaluate.decode_sweep,
                 tiny_config(data, **{'k': 3, 'decode.max_len': 4000}), heads_dir)
+
+
+def test_error_negative_temperature(trained):
+  data, _, heads_dir, _, _ = trained
+  _expect_error(r'config\.decode\.temperature=-0\.5 must be >= 0', evaluate.decode_sweep,
+                tiny_config(data, **{'k': 3, 'decode.temperature': -0.5}), heads_dir)
 
 
 def test_distill_on_images_is_a_clear_error_before_anything_runs(tmp_path):
