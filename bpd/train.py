@@ -298,7 +298,7 @@ def top_r_agreement(model, params, src_ids, greedy_ids, batch_size, ranks: int) 
   tokens = [np.asarray(t) for t in greedy_ids]
   tokens = [t[:int(np.argmax(t == tokenizer_lib.EOS_ID)) + 1] if np.any(t == tokenizer_lib.EOS_ID) else t[t > 0]
             for t in tokens]
-  length = max(evaluate.source_bucket(src_ids), max(len(t) for t in tokens))
+  length = max(decoder_lib.source_bucket(src_ids), max(len(t) for t in tokens))
 
   @jax.jit
   def counts(params, src_BxS, tgt_BxT):
