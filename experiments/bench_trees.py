@@ -44,6 +44,8 @@ if __name__ == '__main__':
   _REPEATS = flags.DEFINE_integer('repeats', 1, 'Alternating timed runs per setting.')
   _FIGURE = flags.DEFINE_string('figure', '', 'PNG of a tree and its attention mask (empty = none).')
   _FIGURE_NODES = flags.DEFINE_integer('figure_nodes', 16, 'The tree drawn in --figure.')
+  _HEADS = flags.DEFINE_integer('heads', 0, "Heads k' <= k to use (0 = all the model's k): the chain and the "
+                                'trees\' depth.')
 
 
 def draw_tree(paths, path: str, title: str = ''):
@@ -91,9 +93,11 @@ def draw_tree(paths, path: str, title: str = ''):
   plt.close(fig)
 
 
-def bench(config, workdir, split, nodes, batch_sizes, examples, batch1_examples, timing_examples, repeats):
+def bench(config, workdir, split, nodes, batch_sizes, examples, batch1_examples, timing_examples, repeats, heads=0):
   model_config, params, _ = checkpoint.load_params(workdir)
-  k = model_config.k
+  if not 0 <= heads <= model_config.k:
+    raise UserError(f'--heads={heads}: the model in {workdir} has k={model_config.k}; use 1..{model_config.k}.')
+  k = heads or model_config.k
   settings = []  # (label, topology or None for the chain)
   for n in nodes:
     settings.append((f'chain (k={k})', None) if n == 1 else (f'nodes:{n}', trees.parse_tree_spec(f'nodes:{n}', k,
@@ -154,11 +158,12 @@ def _run():
     raise UserError('--nodes and --batch_sizes must be >= 1 (nodes 1 = the chain).')
   config, workdir = _CONFIG.value, _WORKDIR.value
   if _FIGURE.value:
-    paths = trees.parse_tree_spec(f'nodes:{_FIGURE_NODES.value}', checkpoint.read_model_config(workdir).k, workdir)
+    k = _HEADS.value or checkpoint.read_model_config(workdir).k
+    paths = trees.parse_tree_spec(f'nodes:{_FIGURE_NODES.value}', k, workdir)
     draw_tree(paths, _FIGURE.value, f'sparse tree of {len(paths)} nodes (nodes:{_FIGURE_NODES.value})')
     print(f'wrote {_FIGURE.value}')
   rows = bench(config, workdir, _SPLIT.value, nodes, batch_sizes, _EXAMPLES.value, _BATCH1_EXAMPLES.value,
-               _TIMING_EXAMPLES.value, _REPEATS.value)
+               _TIMING_EXAMPLES.value, _REPEATS.value, _HEADS.value)
   chain_block = {r['batch']: r['mean_accepted_block'] for r in rows if r['tree'].startswith('chain')}
   chain_block = {b: chain_block.get(b, 1.0) for b in {r['batch'] for r in rows}}
   print(table(rows, chain_block))
