@@ -216,11 +216,13 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   proc = _main(workdir, '--config.train.num_steps=100000', '--config.train.checkpoint_every=100000')
   deadline = time.time() + 240
   log = ''
+  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  # Signal once the train loop has logged a step (log_every=1), not after a fixed sleep: on a loaded machine the
+  # run may still be loading data after any fixed time, before the handler that saves is installed.
   while time.time() < deadline and proc.poll() is None:
     time.sleep(0.5)
-    if os.path.exists(os.path.join(workdir, 'model.json')):
+    if os.path.exists(metrics_path) and '"prefix": "train"' in open(metrics_path).read():
       break
-  time.sleep(8)  # let it compile and take some steps
   proc.send_signal(signal.SIGTERM)
   _, log = proc.communicate(timeout=120)
   assert proc.returncode == 0, log[-2000:]
