@@ -13,6 +13,7 @@ from absl import logging
 from bpd import checkpoint
 from bpd import decoding
 from bpd import model as model_lib
+from bpd import trees
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.errors import UserError
@@ -147,6 +148,35 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
     logging.info('The model in %s has k=1 (no proposal heads): the sweep keeps only k\'=1 (greedy is always '
                  'decoded).', workdir)
   return sweep
+
+
+def check_trees(config, workdir: str, model_k: int) -> list[tuple[str, tuple | None, decoding.Criterion]]:
+  """The tree settings of the sweep, (spec, topology, criterion) for config.decode.trees x config.decode.criteria
+  (bpd/trees.py; topology None for 'chain', decoded by blockwise); UserError for a bad spec, for a missing
+  WORKDIR/trees.json, for images or for a plain model, before anything compiles. Criteria whose min_block the
+  tree cannot force (it lacks the rank-0 path of that length) are left out, logged."""
+  specs = tuple(config.decode.get('trees', ()))
+  if not specs:
+    return []
+  if config.data.source == 'images':
+    raise UserError(f'config.decode.trees={specs}: tree decoding is implemented for translation only; the '
+                    'super-resolution sweep (bpd/evaluate_images.py) decodes chains. Set config.decode.trees=().')
+  if model_k < 2:
+    raise UserError(f'config.decode.trees={specs}: the model in {workdir} has k=1, no proposal heads to build a tree '
+                    'from. Train heads first (config.train.regime=frozen or finetune).')
+  settings = []
+  for spec in specs:
+    paths = trees.parse_tree_spec(spec, model_k, workdir)
+    zero_path_D = None if paths is None else decoding.tree_layout(paths)['zero_path_D']
+    for spec_c in config.decode.criteria:
+      criterion = decoding.parse_criterion(spec_c, k=model_k)
+      if zero_path_D is not None and criterion.min_block > 1 and (
+          criterion.min_block > len(zero_path_D) or zero_path_D[criterion.min_block - 1] < 0):
+        logging.info('Tree %s lacks the rank-0 path of %d nodes that %s forces: left out.', spec,
+                     criterion.min_block, criterion)
+        continue
+      settings.append((spec, paths, criterion))
+  return settings
 
 
 def check_distill(config, workdir: str) -> None:

@@ -38,6 +38,7 @@ class Decoder:
     self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('k', 'criterion'), out_shardings=out)
     self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
     self._sample_jit = jax.jit(self._sample, out_shardings=out)
+    self._tree_jit = jax.jit(self._tree, static_argnames=('paths', 'criterion'), out_shardings=out)
 
   def _put(self, src_BxS):
     return jnp.asarray(src_BxS) if self.mesh is None else sharding.shard_global_batch(src_BxS, self.mesh)
@@ -54,6 +55,11 @@ class Decoder:
     """(tokens_BxL, length_B) drawn from the model at `temperature` (see sampling_score_fn). The same seed and
     batch give the same samples; a row's sample depends on the seed and on its place in the batch."""
     return self._sample_jit(params, self._put(src_BxS), jnp.float32(temperature), jax.random.PRNGKey(seed))
+
+  def tree(self, params, src_BxS, paths, criterion):
+    """A decoding.BlockwiseResult of tree decoding with the topology `paths` (decoding.check_tree), using the
+    first tree_depth(paths) heads."""
+    return self._tree_jit(params, self._put(src_BxS), paths=paths, criterion=criterion)
 
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""
@@ -80,6 +86,14 @@ class Decoder:
                                         batch_size=src_BxS.shape[0], max_len=self.max_len,
                                         bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
     return tokens, length
+
+  def _tree(self, params, src_BxS, paths, criterion):
+    k = decoding.tree_depth(paths)
+    init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
+    state = init_state(src_BxS, self.max_len + len(paths) + 1)
+    return decoding.tree(score_fn, propose_fn, model_lib.move_cache, state, batch_size=src_BxS.shape[0],
+                         paths=paths, k=k, max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
+                         criterion=criterion)
 
   def _beam(self, params, src_BxS, beam_size, alpha):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
@@ -135,14 +149,16 @@ def run_batches(fn, src_ids, batch_size, what='', bucket=None):
   return outputs, time.perf_counter() - start
 
 
-def setting_name(k: int, criterion) -> str:
-  """A setting in file names: 'greedy', 'k4.distance2' (a decoding.Criterion or its string), or 'sample0.8' for
-  the sampled setting (criterion 'sample:0.8' in records)."""
+def setting_name(k: int, criterion, tree: str | None = None) -> str:
+  """A setting in file names: 'greedy', 'k4.distance2' (a decoding.Criterion or its string), 'sample0.8' for
+  the sampled setting (criterion 'sample:0.8' in records), or with a tree spec (bpd/trees.py)
+  'tree-nodes32.k4.exact'."""
   if criterion is None:
     return 'greedy'
   if str(criterion).startswith('sample:'):
     return str(criterion).replace(':', '')
-  return f'k{k}.{criterion}'.replace(':', '')
+  name = f'k{k}.{criterion}'.replace(':', '')
+  return name if tree is None else f'tree-{tree}.{name}'.replace(':', '')
 
 
 def time_side_by_side(fns, src_ids, batch_size, repeats, bucket=None, what='timing'):

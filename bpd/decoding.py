@@ -12,6 +12,15 @@ The model enters as two plain functions over an opaque per-row state (every leaf
   propose_fn(hidden_Bx...) -> logits_Bx(k-1)xV
       Heads 2..k at one position per row (the hidden state that score_fn returned for it).
 
+Tree decoding (`tree`) calls score_fn with a fourth argument, the tree (depth_N, ancestor_NxN), numpy arrays
+built at trace time: token n goes to cache slot start_B[b] + n, at position start_B[b] + depth_N[n], and
+attends to the slots before start_B[b] and to the slots of the nodes m with ancestor_NxN[n, m] (its ancestors
+and itself) only. Without it (None, or not passed) slots are positions and the block is causal, as above. And it
+takes a third function:
+  move_fn(state, start_B, source_BxD) -> new_state
+      Copies what slot start_B[b] + source_BxD[b, d] holds to slot start_B[b] + d, for every d, as if the
+      tokens had been fed there (the accepted path of a tree, made contiguous).
+
 All functions here are pure and traceable: jit the function that calls them (the model's parameters as
 its argument), with k, max_len, the criterion and the special ids static. Every loop is a
 `lax.while_loop`: no host round-trip per step.
@@ -32,6 +41,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import flax
+import numpy as np
 
 from bpd.errors import UserError
 
@@ -39,6 +49,7 @@ PAD_ID = 0
 
 ScoreFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any, Any]]
 ProposeFn = Callable[[Any], jax.Array]
+MoveFn = Callable[[Any, jax.Array, jax.Array], Any]
 
 
 # -- acceptance criteria (paper §5) ------------------------------------------------------------------------
@@ -296,6 +307,245 @@ def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_siz
       length_B=s.length_B,
       iterations_B=s.iterations_B,
       block_counts_BxK=s.block_counts_BxK,
+      invocations=s.step + 1)
+
+
+# -- tree-structured candidates (beyond the paper: Medusa, Cai et al. 2024; DESIGN §3) ---------------------
+#
+# The chain above verifies one candidate block per iteration: if head 2's top choice is wrong, the iteration
+# accepts one token however good heads 3..k are. A tree verifies several candidate blocks in the same call. A
+# topology is a tuple of paths; a path (r_0, .., r_d) is the node at depth d whose token is the r_d-th most
+# likely choice (rank 0 = argmax) of head d + 1, under the parent node (r_0, .., r_{d-1}). So ((0,), (0, 0),
+# (0, 1)) verifies "head 1's choice, then head 2's first or second choice". Every root-to-node path is a
+# candidate block; the chain of k is the one-path tree ((0,), (0, 0), .., (0,) * k).
+#
+# One model call scores all N nodes: node n sits in cache slot start + n (start = j + 1) at position start +
+# depth(n), and attends to the cached prefix and its own ancestors only (the ancestor mask). Node n's head-1
+# output checks its children, as position j + i checks ŷ_{j+i+1} in the chain. The longest accepted path wins;
+# its keys and values are moved to the contiguous slots start .. start + k̂ - 1 (`move_fn`), and the rest of the
+# tree stays behind as stale slots, masked and overwritten like the chain's rejected tokens.
+
+TreePaths = tuple  # tuple of paths, each a tuple of ranks; hashable, so a static jit argument
+
+
+def chain_tree(k: int) -> TreePaths:
+  """The chain of k proposals as a tree: ((0,), (0, 0), .., (0,) * k)."""
+  return tuple((0,) * depth for depth in range(1, k + 1))
+
+
+def check_tree(paths, k: int, max_rank: int | None = None) -> TreePaths:
+  """A validated tree topology in canonical order (by depth, then by ranks), or UserError.
+
+  k: the heads available (a path may be at most k long: depth k - 1 uses head k). max_rank: the choices each
+  head offers (the vocabulary size), ranks must be below it. The tree must contain (0,), head 1's own choice,
+  which every criterion accepts: every iteration then makes progress.
+  """
+  what = 'a tree is a tuple of paths, each a non-empty tuple of ranks >= 0, e.g. ((0,), (1,), (0, 0), (0, 1))'
+  try:
+    paths = [tuple(int(r) for r in path) for path in paths]
+  except (TypeError, ValueError):
+    raise UserError(f'Tree {paths!r}: {what}.') from None
+  seen = set()
+  for path in paths:
+    if not path or min(path) < 0:
+      raise UserError(f'Tree path {path!r}: {what}.')
+    if path in seen:
+      raise UserError(f'Tree path {path!r} appears twice: each node once.')
+    seen.add(path)
+    if len(path) > k:
+      raise UserError(f'Tree path {path!r} has depth {len(path) - 1}, but with k={k} heads the deepest node is at '
+                      f'depth {k - 1} (head d + 1 proposes depth d): shorten the path or decode with more heads.')
+    if max_rank is not None and max(path) >= max_rank:
+      raise UserError(f'Tree path {path!r} asks for rank {max(path)}, but a head offers only the top {max_rank} '
+                      f'choices (ranks 0..{max_rank - 1}).')
+  for path in paths:
+    if len(path) > 1 and path[:-1] not in seen:
+      raise UserError(f'Tree path {path!r}: its parent {path[:-1]!r} is missing; a tree holds every prefix of '
+                      'every path.')
+  if (0,) not in seen:
+    raise UserError('A tree must contain the path (0,): head 1\'s own choice, which every criterion accepts '
+                    '(without it an iteration could accept nothing).')
+  return tuple(sorted(paths, key=lambda path: (len(path), path)))
+
+
+def tree_depth(paths: TreePaths) -> int:
+  """The longest path: the most tokens an iteration can accept, and the heads the tree uses."""
+  return max(len(path) for path in paths)
+
+
+def tree_layout(paths: TreePaths) -> dict:
+  """Numpy arrays describing a canonical tree (`check_tree`), built once at trace time.
+
+  depth_N: depth of node n (0 = a candidate for y_{j+1}); rank_N: its rank among its head's choices;
+  parent_N: index of its parent (-1 at depth 0); ancestor_NxN[n, m]: m is n or an ancestor of n (the
+  attention mask among the new slots); path_NxD[n, d]: the node at depth d on the path to n (n itself past
+  its depth, never read); zero_path_D: the node (0,) * (d + 1), or -1 where the tree lacks it.
+  """
+  index = {path: n for n, path in enumerate(paths)}
+  num, depth = len(paths), tree_depth(paths)
+  ancestor_NxN = np.zeros((num, num), bool)
+  path_NxD = np.zeros((num, depth), np.int32)
+  for n, path in enumerate(paths):
+    for d in range(depth):
+      path_NxD[n, d] = index[path[:d + 1]] if d < len(path) else n
+    for d in range(len(path)):
+      ancestor_NxN[n, index[path[:d + 1]]] = True
+  return {
+      'depth_N': np.array([len(p) - 1 for p in paths], np.int32),
+      'rank_N': np.array([p[-1] for p in paths], np.int32),
+      'parent_N': np.array([index[p[:-1]] if len(p) > 1 else -1 for p in paths], np.int32),
+      'ancestor_NxN': ancestor_NxN,
+      'path_NxD': path_NxD,
+      'zero_path_D': np.array([index.get((0,) * (d + 1), -1) for d in range(depth)], np.int32),
+  }
+
+
+@flax.struct.dataclass
+class TreeState:
+  """The carry of the tree loop. j = length_B[b] tokens accepted so far in row b; N nodes, D = tree depth."""
+  model_state: Any            # opaque decoder state; leaves [B, ...]
+  tokens_BxL: jax.Array       # int32 [B, max_len + D]; indices >= length_B[b] hold stale proposals
+  length_B: jax.Array         # int32 [B]
+  nodes_BxN: jax.Array        # int32 [B, N]; the token at every node of the next tree
+  root_ok_BxN: jax.Array      # bool [B, N]; depth-0 nodes: passed the check against head 1 at j; others True
+  done_B: jax.Array           # bool [B]
+  iterations_B: jax.Array     # int32 [B]
+  block_counts_BxD: jax.Array  # int32 [B, D]; [b, n-1] = iterations of row b that accepted n tokens
+  step: jax.Array             # int32 []
+
+
+def _tree_nodes(logits_BxV, hidden_Bx___, propose_fn, layout, criterion):
+  """The next tree from the outputs at the last accepted position: (nodes_BxN, root_ok_BxN).
+
+  Node n gets rank_N[n] of head depth_N[n] + 1 (heads 2..D from propose_fn, Medusa-style: a head's choices do
+  not depend on the node's parent). Depth-0 nodes are checked here against head 1 (rank 0 always passes).
+  """
+  depth = layout['path_NxD'].shape[1]
+  heads_BxDxV = logits_BxV[:, None]
+  if depth > 1:
+    heads_BxDxV = jnp.concatenate([heads_BxDxV, propose_fn(hidden_Bx___)[:, :depth - 1]], axis=1)
+  ranks = int(layout['rank_N'].max()) + 1
+  if ranks == 1:
+    choices_BxDxR = jnp.argmax(heads_BxDxV, axis=-1)[..., None]
+  else:
+    choices_BxDxR = jax.lax.top_k(heads_BxDxV, ranks)[1]  # ties: the lower id first, as argmax breaks them
+  nodes_BxN = choices_BxDxR[:, layout['depth_N'], layout['rank_N']].astype(jnp.int32)
+  roots = np.nonzero(layout['depth_N'] == 0)[0]
+  roots_logits_BxRxV = jnp.broadcast_to(logits_BxV[:, None], (logits_BxV.shape[0], len(roots), logits_BxV.shape[-1]))
+  root_ok_BxN = jnp.ones(nodes_BxN.shape, bool).at[:, roots].set(
+      accept_mask(criterion, nodes_BxN[:, roots], roots_logits_BxRxV))
+  return nodes_BxN, root_ok_BxN
+
+
+def tree_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, paths: TreePaths,
+              max_len: int, bos_id: int, criterion: Criterion = Criterion()) -> TreeState:
+  """The first model invocation (it only proposes the first tree from BOS) and the loop's initial TreeState."""
+  B, layout = batch_size, tree_layout(paths)
+  depth = tree_depth(paths)
+  logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
+  nodes_BxN, root_ok_BxN = _tree_nodes(logits_Bx1xV[:, 0], _take_rows(hidden, jnp.zeros((B,), jnp.int32)),
+                                       propose_fn, layout, criterion)
+  return TreeState(
+      model_state=state,
+      tokens_BxL=jnp.zeros((B, max_len + depth), jnp.int32),
+      length_B=jnp.zeros((B,), jnp.int32),
+      nodes_BxN=nodes_BxN,
+      root_ok_BxN=root_ok_BxN,
+      done_B=jnp.zeros((B,), bool),
+      iterations_B=jnp.zeros((B,), jnp.int32),
+      block_counts_BxD=jnp.zeros((B, depth), jnp.int32),
+      step=jnp.int32(0))
+
+
+def tree_body(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, *, paths: TreePaths, max_len: int,
+              eos_id: int, criterion: Criterion = Criterion()):
+  """One tree iteration (verify N nodes, accept the longest passing path, move it into place, propose the next
+  tree), the body of `tree`'s while_loop: TreeState -> TreeState."""
+  layout = tree_layout(paths)
+  depth = tree_depth(paths)
+  depth_N, parent_N, path_NxD = layout['depth_N'], layout['parent_N'], layout['path_NxD']
+  inner = np.nonzero(parent_N >= 0)[0]  # nodes checked in this call (depth-0 nodes were checked at proposal)
+
+  def body(s: TreeState):
+    B = s.length_B.shape[0]
+    start_B = s.length_B + 1
+    # Verify: node n in slot start + n at position start + depth(n), seeing the prefix and its ancestors.
+    logits_BxNxV, hidden, model_state = score_fn(s.model_state, s.nodes_BxN, start_B,
+                                                 (depth_N, layout['ancestor_NxN']))
+    ok_BxN = s.root_ok_BxN
+    if len(inner):  # a node passes against its parent's head-1 output (the chain's position j+i checks ŷ_{j+i+1})
+      ok_BxN = ok_BxN.at[:, inner].set(
+          accept_mask(criterion, s.nodes_BxN[:, inner], logits_BxNxV[:, parent_N[inner]]))
+    # A node is accepted when it and all its ancestors pass; the deepest accepted node wins (ties: the first
+    # in canonical order, i.e. the higher-ranked choices).
+    accepted_BxN = ~jnp.any(layout['ancestor_NxN'][None] & ~ok_BxN[:, None, :], axis=-1)
+    best_B = jnp.argmax(jnp.where(accepted_BxN, depth_N[None] + 1, 0), axis=1)
+    k_hat_B = jnp.asarray(depth_N)[best_B] + 1
+    if criterion.min_block > 1:  # forced: the all-rank-0 path of min_block nodes (the chain's first L proposals)
+      forced = int(layout['zero_path_D'][criterion.min_block - 1])
+      best_B = jnp.where(k_hat_B < criterion.min_block, forced, best_B)
+      k_hat_B = jnp.maximum(k_hat_B, criterion.min_block)
+    path_BxD = jnp.asarray(path_NxD)[best_B]
+    block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
+    # Stop at the first EOS inside the accepted block, and at max_len (as the chain does).
+    eos_in_block_BxD = (block_BxD == eos_id) & (jnp.arange(depth)[None, :] < k_hat_B[:, None])
+    has_eos_B = jnp.any(eos_in_block_BxD, axis=1)
+    k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxD, axis=1) + 1, k_hat_B)
+    k_hat_B = jnp.minimum(k_hat_B, max_len - s.length_B)
+    k_hat_B = jnp.where(s.done_B, 0, k_hat_B).astype(jnp.int32)
+    active_B = ~s.done_B
+
+    # The accepted path's keys and values go to slots start .. start + D - 1 (past k̂: stale, masked later).
+    model_state = move_fn(model_state, start_B, path_BxD)
+    tokens_BxL = jax.vmap(lambda row, new, j: jax.lax.dynamic_update_slice(row, new, (j,)))(
+        s.tokens_BxL, block_BxD, jnp.minimum(s.length_B, max_len))
+    length_B = s.length_B + k_hat_B
+    last_B = jnp.take_along_axis(path_BxD, jnp.maximum(k_hat_B - 1, 0)[:, None], axis=1)[:, 0]  # node of j + k̂
+    nodes_BxN, root_ok_BxN = _tree_nodes(logits_BxNxV[jnp.arange(B), last_B], _take_rows(hidden, last_B),
+                                         propose_fn, layout, criterion)
+    return TreeState(
+        model_state=model_state,
+        tokens_BxL=tokens_BxL,
+        length_B=length_B,
+        nodes_BxN=nodes_BxN,
+        root_ok_BxN=root_ok_BxN,
+        done_B=s.done_B | has_eos_B | (length_B >= max_len),
+        iterations_B=s.iterations_B + active_B.astype(jnp.int32),
+        block_counts_BxD=s.block_counts_BxD + (
+            active_B[:, None] & (jnp.arange(1, depth + 1)[None, :] == k_hat_B[:, None])).astype(jnp.int32),
+        step=s.step + 1)
+  return body
+
+
+def tree(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, state: Any, *, batch_size: int,
+         paths: TreePaths, k: int, max_len: int, bos_id: int, eos_id: int,
+         criterion: Criterion = Criterion()) -> BlockwiseResult:
+  """Blockwise parallel decoding that verifies a tree of candidate blocks per iteration (section comment above).
+
+  paths: a topology (`check_tree`), static; k: the heads propose_fn offers (the tree uses the first D =
+  tree_depth(paths)). One model invocation per iteration, as the chain: score_fn is called with the tree
+  (depth_N, ancestor_NxN) as a fourth argument. The state needs a cache of at least max_len + N + 1 slots.
+  With the one-path tree chain_tree(k) the result equals `blockwise` with k heads exactly. The result's
+  block_counts_BxK has D columns.
+  """
+  paths = check_tree(paths, k)
+  zero_path_D = tree_layout(paths)['zero_path_D']
+  if criterion.min_block > 1 and (criterion.min_block > len(zero_path_D) or zero_path_D[criterion.min_block - 1] < 0):
+    raise UserError(f'min_block={criterion.min_block} forces the path {(0,) * criterion.min_block} of rank-0 '
+                    f'choices (the chain\'s first proposals), which the tree {paths} lacks: add it or lower min_block.')
+
+  def cond(s: TreeState):
+    return (s.step < max_len) & ~jnp.all(s.done_B)
+
+  first = tree_init(score_fn, propose_fn, state, batch_size=batch_size, paths=paths, max_len=max_len, bos_id=bos_id,
+                    criterion=criterion)
+  body = tree_body(score_fn, propose_fn, move_fn, paths=paths, max_len=max_len, eos_id=eos_id, criterion=criterion)
+  s = jax.lax.while_loop(cond, body, first)
+  return BlockwiseResult(
+      tokens_BxL=_mask_after(s.tokens_BxL[:, :max_len], s.length_B),
+      length_B=s.length_B,
+      iterations_B=s.iterations_B,
+      block_counts_BxK=s.block_counts_BxD,
       invocations=s.step + 1)
 
 

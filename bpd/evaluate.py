@@ -55,9 +55,11 @@ def _decode_setting(fn, src_ids, batch_size, bucket, what):
 
 
 def decode_split(task, decoder, params, tokenizer, split, src_ids, references, inputs, sweep, batch_size,
-                 out_dir, model_k, step, timing_examples=0, timing_repeats=1, temperature=0.0, seed=0):
-  """Greedy, then sampling (if temperature > 0), then every (k', criterion) of the sweep on one split at one
-  batch size. Returns (records, {setting name: outputs}).
+                 out_dir, model_k, step, timing_examples=0, timing_repeats=1, temperature=0.0, seed=0, tree_sweep=()):
+  """Greedy, then sampling (if temperature > 0), then every (k', criterion) of the sweep, then every (tree spec,
+  topology, criterion) of tree_sweep (checks.check_trees) on one split at one batch size. Returns (records,
+  {setting name: outputs}); a record's 'tree' is its tree spec ('chain' for the sweep's chains) and 'tree_nodes'
+  its number of nodes (k' for a chain).
 
   `task` (bpd/tasks.py) turns tokens into outputs (sentences or images), scores them against `references`
   (quality: BLEU or PSNR, plus its own fields), adds its baselines from `inputs` and writes one output file per
@@ -114,26 +116,34 @@ def decode_split(task, decoder, params, tokenizer, split, src_ids, references, i
                     'criterion': criterion, 'temperature': float(temperature), 'seed': seed, **fields})
     logging.info('%s b%d %s: %s', split, batch_size, criterion, _fields(fields))
 
-  for k, criterion in sweep:
+  settings = [(k, criterion, None, None) for k, criterion in sweep]
+  settings += [(decoding.tree_depth(paths) if paths else model_k, criterion, spec, paths)
+               for spec, paths, criterion in tree_sweep]
+  for k, criterion, tree_spec, paths in settings:
+    name = setting_name(k, criterion, tree_spec)
     batch_invocations = []  # model calls of each batch: its slowest row decides when the batch is done
 
-    def blockwise_fn(src, k=k, criterion=criterion, calls=batch_invocations):
-      result = decoder.blockwise(params, src, k=k, criterion=criterion)
+    def blockwise_fn(src, k=k, criterion=criterion, paths=paths, calls=batch_invocations):
+      if paths is None:  # a chain ('chain' in config.decode.trees too): the paper's loop
+        result = decoder.blockwise(params, src, k=k, criterion=criterion)
+      else:
+        result = decoder.tree(params, src, paths=paths, criterion=criterion)
       calls.append(result.invocations)
       return result
 
-    out, fields = measure(setting_name(k, criterion), blockwise_fn)
+    out, fields = measure(name, blockwise_fn)
     # The rows back into one batch of the whole split, with the calls of its batches: decoding.summarize's
     # statistics (DESIGN §2). batch_invocations: the warm-up batch, the full decode's batches, then the timing's.
     num_batches = -(-len(src_ids) // batch_size)
     calls = int(sum(int(c) for c in batch_invocations[1:1 + num_batches]))
     split_result = jax.tree.map(lambda *rows: np.stack(rows), *out).replace(invocations=np.int32(calls))
     stats = decoding.summarize(split_result)
-    records.append({**base, 'k': k, 'criterion': str(criterion), **fields,
+    records.append({**base, 'k': k, 'criterion': str(criterion), 'tree': tree_spec or 'chain',
+                    'tree_nodes': len(paths) if paths else k, **fields,
                     'mean_accepted_block_size': stats['mean_accepted_block_size'], 'iterations': stats['iterations'],
                     'invocations': stats['row_invocations'], 'batch_invocations': stats['batch_invocations'],
                     'tokens': stats['tokens'], 'block_size_histogram': stats['block_size_histogram']})
-    logging.info('%s b%d %s: %s, mean accepted block %.2f', split, batch_size, setting_name(k, criterion),
+    logging.info('%s b%d %s: %s, mean accepted block %.2f', split, batch_size, name,
                  _fields(fields), stats['mean_accepted_block_size'])
   return records, outputs_by_name
 
@@ -158,6 +168,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)
   task.check_decode(config)
+  tree_sweep = checks.check_trees(config, workdir, model_config.k)
   mesh = sharding.make_mesh(config.get('model_axis_size', 1))
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = task.tokenizer_for_decoding(workdir)
@@ -177,7 +188,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
       split_records, outputs_by_name = decode_split(
           task, decoder, params, tokenizer, split, src_ids[:n or None], references[:n or None],
           inputs[:n or None], sweep, batch_size, out_dir, model_config.k, step, config.decode.timing_examples,
-          config.decode.timing_repeats, config.decode.get('temperature', 0.0), config.decode.get('seed', 0))
+          config.decode.timing_repeats, config.decode.get('temperature', 0.0), config.decode.get('seed', 0), tree_sweep)
       records += split_records
       if jax.process_index() == 0:
         report.write(records, out_dir, task.columns)  # after every batch size: an interrupted sweep keeps it

@@ -184,6 +184,39 @@ def query_positions(start_B: jax.Array, batch: int, num_new: int) -> jax.Array:
   return jnp.broadcast_to(jnp.asarray(start_B)[..., None] + jnp.arange(num_new), (batch, num_new))
 
 
+def tree_positions(start_B: jax.Array, batch: int, depth_N) -> jax.Array:
+  """Positions start_B[b] + depth_N[n] of the N nodes of a candidate tree (bpd/decoding.py, tree): [B, N]."""
+  return jnp.broadcast_to(jnp.asarray(start_B)[..., None] + jnp.asarray(depth_N), (batch, len(depth_N)))
+
+
+def tree_self_mask(start_B: jax.Array, batch: int, cache_len: int, depth_N, ancestor_NxN):
+  """Self-attention of the N nodes of a candidate tree written to slots start_B[b] .. start_B[b] + N - 1.
+
+  Node n sees the slots before start_B[b] (the accepted prefix) and the slots of its ancestors and itself
+  (ancestor_NxN[n, m], a numpy constant); the other nodes of the tree and the stale slots after it are masked.
+  Returns (mask_BxNxL, key_positions_BxL): the positions of what each slot holds (slot l holds position l,
+  except the tree's slots, which hold start + depth), for local attention's block mask.
+  """
+  num = len(depth_N)
+  rel_BxL = jnp.arange(cache_len)[None, :] - jnp.broadcast_to(jnp.asarray(start_B), (batch,))[:, None]
+  in_tree_BxL = (rel_BxL >= 0) & (rel_BxL < num)
+  node_BxL = jnp.clip(rel_BxL, 0, num - 1)
+  ancestor_BxNxL = jnp.moveaxis(jnp.asarray(ancestor_NxN)[:, node_BxL], 0, 1)
+  mask_BxNxL = (rel_BxL < 0)[:, None, :] | (in_tree_BxL[:, None, :] & ancestor_BxNxL)
+  slot_1xL = jnp.arange(cache_len)[None, :]
+  key_positions_BxL = jnp.where(in_tree_BxL, slot_1xL - rel_BxL + jnp.asarray(depth_N)[node_BxL], slot_1xL)
+  return mask_BxNxL, key_positions_BxL
+
+
+def move_slots(cache_BxHxLxK: jax.Array, start_B: jax.Array, source_BxD: jax.Array) -> jax.Array:
+  """cache[b, :, start_B[b] + d] = cache[b, :, start_B[b] + source_BxD[b, d]] for every d (all read first).
+
+  Tree decoding: the accepted path's keys and values, written at their node slots, move to contiguous slots.
+  """
+  index_Bx1xDx1 = (start_B[:, None] + source_BxD)[:, None, :, None]
+  return write_rows(cache_BxHxLxK, jnp.take_along_axis(cache_BxHxLxK, index_Bx1xDx1, axis=2), start_B, axis=2)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with separate query/key/value/output projections.
 
@@ -315,21 +348,30 @@ class DecoderLayer(nn.Module):
     zeros = jnp.zeros((batch, self.num_heads, cache_len, head_dim), self.dtype)
     return {'k_BxHxLxK': zeros, 'v_BxHxLxK': zeros, 'cross_k_BxHxSxK': cross_k, 'cross_v_BxHxSxK': cross_v}
 
-  def extend(self, x_BxTxD, cache, start_B, cross_mask_BxTxS):
-    """Run T new positions per row, at positions start_B[b] .. start_B[b] + T - 1. Returns (y_BxTxD, cache)."""
+  def extend(self, x_BxTxD, cache, start_B, cross_mask_BxTxS, tree=None):
+    """Run T new positions per row, at positions start_B[b] .. start_B[b] + T - 1. Returns (y_BxTxD, cache).
+
+    tree = (depth_N, ancestor_NxN) (bpd/decoding.py, tree): the T = N tokens are the nodes of a candidate tree,
+    in slots start_B[b] + n at positions start_B[b] + depth_N[n], each seeing the prefix and its ancestors.
+    """
     h = self.ln_self(x_BxTxD)
     k_new_BxTxHxK, v_new_BxTxHxK = self.self_attn.project_kv(h)
     k_BxHxLxK = write_rows(cache['k_BxHxLxK'], jnp.swapaxes(k_new_BxTxHxK, 1, 2), start_B, axis=2)
     v_BxHxLxK = write_rows(cache['v_BxHxLxK'], jnp.swapaxes(v_new_BxTxHxK, 1, 2), start_B, axis=2)
-    num_new, cache_len = x_BxTxD.shape[1], k_BxHxLxK.shape[2]
-    query_pos_BxT = query_positions(start_B, x_BxTxD.shape[0], num_new)
-    # A query sees cached positions up to its own; later slots (stale or empty) are masked.
-    self_mask_BxTxL = jnp.arange(cache_len)[None, None, :] <= query_pos_BxT[:, :, None]
+    batch, num_new, cache_len = x_BxTxD.shape[0], x_BxTxD.shape[1], k_BxHxLxK.shape[2]
+    if tree is None:
+      query_pos_BxT = query_positions(start_B, batch, num_new)
+      # A query sees cached positions up to its own; later slots (stale or empty) are masked.
+      self_mask_BxTxL = jnp.arange(cache_len)[None, None, :] <= query_pos_BxT[:, :, None]
+      key_pos_BxL = jnp.arange(cache_len)[None, :]
+    else:
+      query_pos_BxT = tree_positions(start_B, batch, tree[0])
+      self_mask_BxTxL, key_pos_BxL = tree_self_mask(start_B, batch, cache_len, *tree)
     if self.attention_block:
       # Local attention: also mask keys before the previous block, the receptive field that
       # `local_block_attend` gives in training. The cache stays full-length; this mask makes the paths equal.
-      key_block_L = jnp.arange(cache_len) // self.attention_block
-      self_mask_BxTxL &= key_block_L[None, None, :] >= (query_pos_BxT // self.attention_block - 1)[:, :, None]
+      key_block_BxL = key_pos_BxL // self.attention_block
+      self_mask_BxTxL &= key_block_BxL[:, None, :] >= (query_pos_BxT // self.attention_block - 1)[:, :, None]
     x_BxTxD = x_BxTxD + self.self_attn.attend_cache(h, k_BxHxLxK, v_BxHxLxK, self_mask_BxTxL)
     h = self.ln_cross(x_BxTxD)
     x_BxTxD = x_BxTxD + self.cross_attn.attend_cache(h, cache['cross_k_BxHxSxK'], cache['cross_v_BxHxSxK'],

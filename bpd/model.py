@@ -10,6 +10,8 @@ Methods:
   encode / decode_hidden / head_hidden / logits: the pieces of __call__, for losses that save memory.
   init_decode_state(src, ...)  -> per-row decoder state (KV cache + encoder keys/values), leaves [B, ...].
   score(state, tokens, start)  -> head-1 logits at T new positions, their hidden states, new state.
+  score(state, tokens, start, tree) -> the same for the N nodes of a candidate tree (bpd/decoding.py, tree);
+                                  `move_cache` then moves the accepted path's keys and values into place.
   propose(hidden)              -> logits of heads 2..k at one position per row.
 `decode_fns` wraps the last three as the plain functions that `bpd.decoding` takes; decoding never sees
 this module.
@@ -241,20 +243,26 @@ class Transformer(nn.Module):
       state['src_BxS'] = src_BxS  # score looks up the co-located input sub-pixel of each new position
     return state
 
-  def score(self, state, tokens_BxT, start_B):
+  def score(self, state, tokens_BxT, start_B, tree=None):
     """Feeds T tokens per row at positions start_B[b] .. start_B[b] + T - 1 (start_B [B], or [] for all rows).
 
     Returns (head-1 logits [B, T, V], decoder output [B, T, D], new state). Only head 1 is projected
     onto the vocabulary here: verification needs nothing else (DESIGN §3, no k² projections).
+    tree = (depth_N, ancestor_NxN), numpy: the T = N tokens are the nodes of a candidate tree (bpd/decoding.py,
+    tree), in slots start_B[b] + n at positions start_B[b] + depth_N[n], each attending to the prefix and its
+    own ancestors only (layers.tree_self_mask). A separate branch: without a tree nothing changes.
     """
     num_new = tokens_BxT.shape[1]
-    positions_BxT = layers.query_positions(start_B, tokens_BxT.shape[0], num_new)
+    if tree is None:
+      positions_BxT = layers.query_positions(start_B, tokens_BxT.shape[0], num_new)
+    else:
+      positions_BxT = layers.tree_positions(start_B, tokens_BxT.shape[0], tree[0])
     x = self._embed(tokens_BxT, positions_BxT, deterministic=True, src_BxS=state.get('src_BxS'))
     src_mask = state['src_mask_BxS']
     cross_BxTxS = jnp.broadcast_to(src_mask[:, None, :], (x.shape[0], num_new, src_mask.shape[1]))
     new_layers = []
     for layer, cache in zip(self.decoder_layers, state['layers']):
-      x, cache = layer.extend(x, cache, start_B, cross_BxTxS)
+      x, cache = layer.extend(x, cache, start_B, cross_BxTxS, tree)
       new_layers.append(cache)
     hidden_BxTxD = self.decoder_norm(x)
     return self.logits(hidden_BxTxD), hidden_BxTxD, dict(state, layers=tuple(new_layers))
@@ -314,6 +322,17 @@ def params_in_compute_dtype(params: Any, dtype: str) -> Any:
   return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
 
+def move_cache(state, start_B, source_BxD):
+  """Tree decoding's move_fn (bpd/decoding.py): in every decoder layer's self-attention cache, slot start_B[b] +
+  source_BxD[b, d] moves to slot start_B[b] + d: the accepted path of the tree, made contiguous. The keys and
+  values move unchanged: each node was computed at its path position (start + depth) seeing only its
+  ancestors, exactly what the chain would have computed there. Needs no parameters."""
+  moved = tuple(dict(cache, k_BxHxLxK=layers.move_slots(cache['k_BxHxLxK'], start_B, source_BxD),
+                     v_BxHxLxK=layers.move_slots(cache['v_BxHxLxK'], start_B, source_BxD))
+                for cache in state['layers'])
+  return dict(state, layers=moved)
+
+
 def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
   """The model as the plain functions `bpd.decoding` takes, proposing with its first `num_heads` heads.
 
@@ -329,8 +348,8 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
   def init_state(src_BxS, cache_len):
     return model.apply(variables, src_BxS, cache_len, method=Transformer.init_decode_state)
 
-  def score_fn(state, tokens_BxT, start_B):
-    return model.apply(variables, state, tokens_BxT, start_B, method=Transformer.score)
+  def score_fn(state, tokens_BxT, start_B, tree=None):
+    return model.apply(variables, state, tokens_BxT, start_B, tree, method=Transformer.score)
 
   def propose_fn(hidden_BxD):
     return model.apply(variables, hidden_BxD, heads, method=Transformer.propose)

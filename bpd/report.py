@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 COLUMNS = [
     ('split', 'split', '{}'), ('batch_size', 'batch', '{}'), ('k', 'k', '{}'), ('criterion', 'criterion', '{}'),
-    ('quality', 'quality', '{:.2f}'), ('mean_accepted_block_size', 'mean accepted block', '{:.2f}'),
+    ('tree', 'tree', '{}'), ('quality', 'quality', '{:.2f}'),
+    ('mean_accepted_block_size', 'mean accepted block', '{:.2f}'),
     ('iterations', 'iterations', '{}'), ('invocations', 'invocations', '{}'), ('tokens', 'tokens', '{}'),
     ('seconds', 'seconds', '{:.2f}'), ('speedup', 'speedup', '{:.2f}x'),
     ('identical_to_greedy', 'identical to greedy', '{:.3f}'),
@@ -33,7 +34,7 @@ def plot(records, path, title=''):
   by_criterion = collections.defaultdict(list)
   greedy = [r for r in records if r['criterion'] == 'greedy']
   for r in records:
-    if r['criterion'] != 'greedy':
+    if r['criterion'] != 'greedy' and r.get('tree', 'chain') == 'chain':  # against k: chains only
       by_criterion[r['criterion']].append(r)
   metric = records[0].get('quality_metric', 'quality')
   fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))

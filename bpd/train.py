@@ -289,6 +289,37 @@ def agreement_with_greedy(agreement_step, params, src_ids, greedy_ids, batch_siz
   return {key.replace('accuracy_', 'agreement_'): value for key, value in pooled.items() if key.startswith('accuracy_')}
 
 
+def top_r_agreement(model, params, src_ids, greedy_ids, batch_size, ranks: int) -> np.ndarray:
+  """The agreement diagnostic per rank, for choosing a tree (bpd/trees.py): [k, ranks], entry [i - 1, r] = how
+  often head i's rank-r choice at decoder position t (rank 0 = argmax, ties to the lower id as in
+  decoding.accept_mask) is the token greedy decoding emits at t + i, on greedy's own prefixes. Column 0 is
+  `agreement_with_greedy`; a row's sum is how often the token is among the head's top `ranks` choices.
+  """
+  tokens = [np.asarray(t) for t in greedy_ids]
+  tokens = [t[:int(np.argmax(t == tokenizer_lib.EOS_ID)) + 1] if np.any(t == tokenizer_lib.EOS_ID) else t[t > 0]
+            for t in tokens]
+  length = max(decoder_lib.source_bucket(src_ids), max(len(t) for t in tokens))
+
+  @jax.jit
+  def counts(params, src_BxS, tgt_BxT):
+    tgt_in_BxT = jnp.pad(tgt_BxT[:, :-1], ((0, 0), (1, 0)), constant_values=tokenizer_lib.BOS_ID)
+    logits_BxTxKxV = model.apply({'params': params}, src_BxS, tgt_in_BxT)
+    targets_BxTxK = losses.head_targets(tgt_BxT, logits_BxTxKxV.shape[-2])
+    target_logit_BxTxK = jnp.take_along_axis(logits_BxTxKxV, targets_BxTxK[..., None], axis=-1)[..., 0]
+    ids_V = jnp.arange(logits_BxTxKxV.shape[-1])
+    rank_BxTxK = jnp.sum((logits_BxTxKxV > target_logit_BxTxK[..., None]) | (
+        (logits_BxTxKxV == target_logit_BxTxK[..., None]) & (ids_V < targets_BxTxK[..., None])), axis=-1)
+    valid_BxTxK = targets_BxTxK > 0
+    hits_KxR = jnp.sum((valid_BxTxK[..., None] & (rank_BxTxK[..., None] == jnp.arange(ranks))), axis=(0, 1))
+    return hits_KxR, jnp.sum(valid_BxTxK, axis=(0, 1))
+
+  hits_KxR, total_K = 0, 0
+  for _, src, tgt in batching.eval_batches(src_ids, tokens, batch_size, (length,)):
+    hits, total = jax.device_get(counts(params, jnp.asarray(src), jnp.asarray(tgt)))
+    hits_KxR, total_K = hits_KxR + hits, total_K + total
+  return np.asarray(hits_KxR, np.float64) / np.maximum(np.asarray(total_K, np.float64), 1)[:, None]
+
+
 def exact_block_size(decoder, params, src_ids, k, batch_size) -> float:
   """Mean accepted block size of exact blockwise decoding with all k heads on `src_ids` (what acceptance is)."""
   results, _ = decoder_lib.run_batches(lambda src: decoder.blockwise(params, src, k=k, criterion=decoding.Criterion()),

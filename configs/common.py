@@ -29,7 +29,7 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
                        fresh heads learn fast at a high rate that would wreck the trained base (train.py).
   train.input_noise    images: Gaussian noise (std in intensity levels) on the decoder's input pixels in training,
                        targets clean (not in the paper; bpd/train.py noisy_pixel_inputs). 0 = off.
-  decode.*             the sweep of `--mode=decode`: heads k' <= k, criteria, batch sizes, splits.
+  decode.*             the sweep of `--mode=decode`: heads k' <= k, criteria, trees, batch sizes, splits.
   decode.temperature   images: > 0 adds a row sampled at this temperature (seed decode.seed) beside greedy and the
                        blockwise rows, which stay argmax-based (sampling is not blockwise); 0 = greedy only.
 """
@@ -90,6 +90,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.splits = ('val',)
   c.decode.ks = (1, 2, 4, 6, 8, 10)  # heads used, each <= k; greedy is always decoded as the baseline
   c.decode.criteria = ('exact', 'top_k:2')
+  # Tree decoding (bpd/trees.py; translation only): 'chain', 'comb:R', 'dense:R', 'nodes:N' (from WORKDIR/trees.json,
+  # python -m experiments.choose_tree), each with every criterion. () = chains only, as in the paper.
+  c.decode.trees = ()
   c.decode.batch_sizes = (32,)
   c.decode.max_len = 64  # longest output, EOS included
   c.decode.max_examples = 0  # 0 = all

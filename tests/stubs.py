@@ -30,6 +30,9 @@ class Stub:
   k: int = 4
   head_accuracy: float = 0.7
   eos_rate: int = 0  # a prefix hash divisible by eos_rate ends the row (0: only at eos_at)
+  # Where a proposal head is wrong, the true token is its second choice with this probability (tree decoding,
+  # bpd.decoding.tree, can then find it); otherwise the true token's rank is a matter of noise.
+  runner_up_accuracy: float = 0.0
 
   def next_token(self, h, pos, eos_at):
     """The scoring model's greedy choice after the prefix with hash h ending at position pos."""
@@ -51,26 +54,40 @@ class Stub:
     return {'h_BxL': jnp.zeros((B, cache_len), jnp.uint32), 'seed_B': seed_B.astype(jnp.uint32),
             'eos_at_B': eos_at_B.astype(jnp.int32)}
 
-  def score_fn(self, state, tokens_BxT, start_B):
+  def score_fn(self, state, tokens_BxT, start_B, tree=None):
+    """tree = (depth_N, ancestor_NxN) (bpd.decoding.tree): token n hashes onto its parent node's hash (or the
+    prefix's, at depth 0), sits at position start + depth_N[n] and is stored in slot start + n."""
     B, T = tokens_BxT.shape
     start_B = jnp.broadcast_to(start_B, (B,))  # a scalar start puts every row at the same position
     rows = jnp.arange(B)
-    h_prev = jnp.where(start_B == 0, state['seed_B'], state['h_BxL'][rows, jnp.maximum(start_B - 1, 0)])
+    h_prefix = jnp.where(start_B == 0, state['seed_B'], state['h_BxL'][rows, jnp.maximum(start_B - 1, 0)])
+    if tree is None:
+      depth_T, parent_T = np.arange(T), np.arange(T) - 1
+    else:
+      depth_T, ancestor_TxT = np.asarray(tree[0]), np.asarray(tree[1])
+      parent_T = np.array([max([m for m in range(T) if ancestor_TxT[t, m] and m != t], default=-1,
+                               key=lambda m: depth_T[m]) for t in range(T)])
     hs = []
     for t in range(T):
-      h_prev = _mix(h_prev, tokens_BxT[:, t])
-      hs.append(h_prev)
+      hs.append(_mix(h_prefix if parent_T[t] < 0 else hs[parent_T[t]], tokens_BxT[:, t]))
     h_BxT = jnp.stack(hs, axis=1)
-    pos_BxT = start_B[:, None] + jnp.arange(T)[None, :]
-    h_BxL = state['h_BxL'].at[rows[:, None], pos_BxT].set(h_BxT)
+    pos_BxT = start_B[:, None] + jnp.asarray(depth_T)[None, :]
+    slot_BxT = start_B[:, None] + jnp.arange(T)[None, :]
+    h_BxL = state['h_BxL'].at[rows[:, None], slot_BxT].set(h_BxT)
     eos_at_BxT = jnp.broadcast_to(state['eos_at_B'][:, None], (B, T))
     logits = self._logits(self.next_token(h_BxT, pos_BxT, eos_at_BxT), h_BxT)
     hidden = {'h': h_BxT, 'pos': pos_BxT, 'eos_at': eos_at_BxT}
     return logits, hidden, dict(state, h_BxL=h_BxL)
 
+  def move_fn(self, state, start_B, source_BxD):
+    """Slot start + source[d] -> slot start + d (bpd.decoding.tree): the accepted path made contiguous."""
+    rows = jnp.arange(source_BxD.shape[0])[:, None]
+    h_BxD = state['h_BxL'][rows, start_B[:, None] + source_BxD]
+    return dict(state, h_BxL=state['h_BxL'].at[rows, start_B[:, None] + jnp.arange(source_BxD.shape[1])].set(h_BxD))
+
   def propose_fn(self, hidden):
     h, pos, eos_at = hidden['h'], hidden['pos'], hidden['eos_at']
-    preds = []
+    preds, seconds = [], []
     tok = self.next_token(h, pos, eos_at)
     for i in range(2, self.k + 1):
       h = _mix(h, tok)
@@ -82,8 +99,13 @@ class Stub:
       right = coin < self.head_accuracy
       # A wrong EOS guess never reaches EOS: `wrong` is always a word id different from tok.
       preds.append(jnp.where(right, tok, jnp.where(tok == EOS, FIRST_WORD, wrong)))
+      runner_up = ~right & (coin >= 1.0 - self.runner_up_accuracy * (1.0 - self.head_accuracy))
+      seconds.append(jnp.where(runner_up, tok, -1))
     preds_BxKm1 = jnp.stack(preds, axis=1)
-    return self._logits(preds_BxKm1, hidden['h'][:, None])
+    logits = self._logits(preds_BxKm1, hidden['h'][:, None])
+    if self.runner_up_accuracy:  # margin 4 (+ noise < 1): below the first choice's 5, above every other token
+      logits = logits + 4.0 * jax.nn.one_hot(jnp.stack(seconds, axis=1), self.vocab_size)
+    return logits
 
   def reference_greedy(self, seed_B, eos_at_B, max_len):
     """Greedy decoding in plain numpy, one row at a time: the ground truth for the decoders."""

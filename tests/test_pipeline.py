@@ -122,6 +122,36 @@ def test_decode_sweep_writes_results_tables_hypotheses_and_plots(trained):
   assert len(lines) == 12 + 1  # one line per source sentence, then the final newline
 
 
+def test_trees_choose_then_decode_in_the_sweep(trained, tmp_path):
+  """experiments/choose_tree.py saves trees.json with the model; config.decode.trees decodes with them, exactly."""
+  from experiments import choose_tree  # pylint: disable=g-import-not-at-top
+  _, heads_dir = trained
+  heads_copy = str(tmp_path / 'k3')
+  shutil.copytree(heads_dir, heads_copy, ignore=shutil.ignore_patterns('decode'))
+  built = choose_tree.choose(tiny_config(k=3), heads_copy, nodes=[4, 6], ranks=3, examples=12, batch_size=8)
+  saved = json.load(open(os.path.join(heads_copy, 'trees.json')))
+  assert np.asarray(saved['agreement_KxR']).shape == (3, 3) and set(saved['trees']) == {'4', '6'}
+  assert len(built['6']) == 6
+  records = evaluate.decode_sweep(tiny_config(**{'k': 3, 'decode.ks': (3,), 'decode.criteria': ('exact',),
+                                                 'decode.trees': ('nodes:6', 'comb:2')}), heads_copy)
+  rows = {r['tree']: r for r in records if r['criterion'] == 'exact'}
+  assert set(rows) == {'chain', 'nodes:6', 'comb:2'}
+  assert rows['nodes:6']['tree_nodes'] == 6 and rows['comb:2']['tree_nodes'] == 5
+  for r in rows.values():
+    assert r['identical_to_greedy'] == 1.0
+  assert os.path.exists(os.path.join(heads_copy, 'decode', 'test.tree-nodes6.k3.exact.b8.txt'))
+
+
+@pytest.mark.parametrize('trees, match', [
+    (('bogus',), 'Unknown tree spec'),
+    (('nodes:8',), 'experiments.choose_tree'),  # no trees.json in the workdir
+    (('dense:0',), 'at least 1'),
+])
+def test_error_bad_tree_specs(trained, trees, match):
+  _, heads_dir = trained
+  _expect_error(match, evaluate.decode_sweep, tiny_config(**{'decode.trees': trees}), heads_dir)
+
+
 def test_distill_writes_an_aligned_corpus_and_training_uses_it(trained, tmp_path):
   base_dir, _ = trained
   teacher = str(tmp_path / 'teacher')

@@ -1,0 +1,332 @@
+"""Tree-structured candidates (bpd/decoding.py, tree): topology checks, exactness on stubs and on the real model."""
+
+import functools
+
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bpd import decoding
+from bpd import model as model_lib
+from bpd import trees
+from bpd.errors import UserError
+from tests.conftest import BOS as TOY_BOS, EOS as TOY_EOS, SRC_LEN, toy_batch
+from tests.stubs import BOS, EOS, Stub
+
+SETTINGS = hypothesis.settings(max_examples=12, deadline=None, derandomize=True, database=None)
+
+# A few topologies, so that jit's cache is reused across examples: the chain, a Medusa-like sparse tree, a
+# tree whose deepest path leaves the rank-0 spine, and one with second choices at the root.
+TREES = (
+    decoding.chain_tree(4),
+    ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 0, 0, 0)),
+    ((0,), (0, 1), (0, 2), (0, 1, 0), (0, 1, 1), (0, 1, 0, 0)),
+    ((0,), (1,), (2,), (0, 0), (1, 0), (2, 0)),
+)
+
+
+# -- topology ----------------------------------------------------------------------------------------------
+
+def test_layout_of_a_small_tree():
+  paths = decoding.check_tree(((0, 1), (0,), (1,), (0, 0), (0, 0, 0)), k=3)
+  assert paths == ((0,), (1,), (0, 0), (0, 1), (0, 0, 0))  # canonical: by depth, then by ranks
+  layout = decoding.tree_layout(paths)
+  assert layout['depth_N'].tolist() == [0, 0, 1, 1, 2]
+  assert layout['rank_N'].tolist() == [0, 1, 0, 1, 0]
+  assert layout['parent_N'].tolist() == [-1, -1, 0, 0, 2]
+  assert layout['ancestor_NxN'].astype(int).tolist() == [
+      [1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 1, 0, 1]]
+  assert layout['path_NxD'][4].tolist() == [0, 2, 4] and layout['path_NxD'][3].tolist()[:2] == [0, 3]
+  assert layout['zero_path_D'].tolist() == [0, 2, 4]
+  assert decoding.check_tree(decoding.chain_tree(3), k=3) == ((0,), (0, 0), (0, 0, 0))
+
+
+@pytest.mark.parametrize('paths, message', [
+    (((0,), (0, 1, 0)), r'parent \(0, 1\) is missing'),
+    (((0,), (0, 0), (0, 0)), 'appears twice'),
+    (((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)), 'depth 3, but with k=3'),
+    (((0,), (0, 20)), 'rank 20, but a head offers only the top 20'),
+    (((1,), (1, 0)), r'must contain the path \(0,\)'),
+    (((0,), ()), 'non-empty tuple of ranks'),
+    (((0,), (0, -1)), 'non-empty tuple of ranks'),
+    ((('a',),), 'a tree is a tuple of paths'),
+])
+def test_bad_trees_raise_clear_errors(paths, message):
+  with pytest.raises(UserError, match=message):
+    decoding.check_tree(paths, k=3, max_rank=20)
+
+
+def test_min_block_needs_the_rank_zero_path():
+  stub = Stub(vocab_size=16, k=3)
+  with pytest.raises(UserError, match='lacks'):
+    run(stub, [1], [5], 8, ((0,), (1,), (1, 0)), decoding.parse_criterion('min_block:2'))
+
+
+# -- stub model --------------------------------------------------------------------------------------------
+
+@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'paths', 'max_len', 'criterion'))
+def _tree(seed_B, eos_at_B, *, stub, batch_size, paths, max_len, criterion):
+  state = stub.init_state(seed_B, eos_at_B, max_len + len(paths) + 1)
+  return decoding.tree(stub.score_fn, stub.propose_fn, stub.move_fn, state, batch_size=batch_size, paths=paths,
+                       k=stub.k, max_len=max_len, bos_id=BOS, eos_id=EOS, criterion=criterion)
+
+
+@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'criterion'))
+def _blockwise(seed_B, eos_at_B, *, stub, batch_size, max_len, criterion):
+  state = stub.init_state(seed_B, eos_at_B, max_len + stub.k + 1)
+  return decoding.blockwise(stub.score_fn, stub.propose_fn, state, batch_size=batch_size, k=stub.k,
+                            max_len=max_len, bos_id=BOS, eos_id=EOS, criterion=criterion)
+
+
+def run(stub, seed_B, eos_at_B, max_len, paths, criterion=decoding.Criterion(), with_blockwise=False):
+  """The tree result, or (blockwise result with all stub.k heads, tree result) with_blockwise."""
+  args = jnp.asarray(np.asarray(seed_B)), jnp.asarray(np.asarray(eos_at_B))
+  statics = dict(stub=stub, batch_size=len(seed_B), max_len=max_len, criterion=criterion)
+  tree = _tree(*args, paths=decoding.check_tree(paths, stub.k), **statics)
+  return (_blockwise(*args, **statics), tree) if with_blockwise else tree
+
+
+def _assert_same_result(a, b):
+  for field in ('tokens_BxL', 'length_B', 'iterations_B', 'block_counts_BxK', 'invocations'):
+    np.testing.assert_array_equal(np.asarray(getattr(a, field)), np.asarray(getattr(b, field)), err_msg=field)
+
+
+cases = st.fixed_dictionaries({
+    'tree': st.sampled_from(TREES),
+    'batch': st.sampled_from([1, 8]),
+    'max_len': st.sampled_from([1, 20]),
+    'accuracy': st.sampled_from([0.5, 1.0]),
+    'runner_up': st.sampled_from([0.0, 0.9]),
+    'eos_rate': st.sampled_from([0, 5]),
+    'seed': st.integers(0, 2**31 - 1),
+})
+
+
+@hypothesis.given(cases)
+@SETTINGS
+def test_exact_tree_equals_greedy_reference(case):
+  """Ragged acceptance across rows (each row its own path), EOS and max_len inside an accepted path."""
+  stub = Stub(vocab_size=16, k=4, head_accuracy=case['accuracy'], eos_rate=case['eos_rate'],
+              runner_up_accuracy=case['runner_up'])
+  rng = np.random.RandomState(case['seed'] % 2**31)
+  seed_B = rng.randint(0, 2**31, size=case['batch'])
+  eos_at_B = rng.randint(1, case['max_len'] + 3, size=case['batch'])
+  reference = stub.reference_greedy(seed_B, eos_at_B, case['max_len'])
+  tree = run(stub, seed_B, eos_at_B, case['max_len'], case['tree'])
+  np.testing.assert_array_equal(np.asarray(tree.tokens_BxL), reference)
+  length = (reference != 0).sum(axis=1)
+  np.testing.assert_array_equal(np.asarray(tree.length_B), length)
+  counts = np.asarray(tree.block_counts_BxK)
+  assert counts.shape[1] == decoding.tree_depth(decoding.check_tree(case['tree'], 4))
+  np.testing.assert_array_equal(counts.sum(axis=1), np.asarray(tree.iterations_B))
+  np.testing.assert_array_equal((counts * np.arange(1, counts.shape[1] + 1)).sum(axis=1), length)
+
+
+@hypothesis.given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 8]), st.sampled_from([1, 7, 20]),
+                  st.sampled_from(['exact', 'top_k:2', 'distance:2', 'top_k:2+min_block:2']), st.integers(0, 10_000))
+@hypothesis.settings(SETTINGS, max_examples=8)  # each example compiles two loops
+def test_one_path_tree_is_exactly_blockwise(k, batch, max_len, spec, seed):
+  stub = Stub(vocab_size=16, k=k, head_accuracy=0.6, eos_rate=7, runner_up_accuracy=0.5)
+  if decoding.parse_criterion(spec).min_block > k:
+    return
+  rng = np.random.RandomState(seed)
+  seed_B, eos_at_B = rng.randint(0, 2**31, size=batch), rng.randint(1, max_len + 3, size=batch)
+  block, tree = run(stub, seed_B, eos_at_B, max_len, decoding.chain_tree(k), decoding.parse_criterion(spec),
+                    with_blockwise=True)
+  _assert_same_result(tree, block)
+
+
+def test_heads_always_right_accept_full_paths_and_stop_inside_one():
+  """Heads always right: every iteration accepts the tree's depth, except the last, cut by EOS or max_len."""
+  stub = Stub(vocab_size=16, k=4, head_accuracy=1.0)
+  eos_at_B = np.array([6, 9, 100, 100])  # EOS at output index 5 and 8: inside a 4-token path
+  tree = run(stub, [11, 12, 13, 14], eos_at_B, 14, TREES[1])
+  assert np.asarray(tree.length_B).tolist() == [6, 9, 14, 14]  # 14: max_len inside the fourth path
+  assert np.asarray(tree.iterations_B).tolist() == [2, 3, 4, 4]
+  assert np.asarray(tree.tokens_BxL)[0, 5] == EOS
+
+
+def test_a_tree_finds_second_choices_the_chain_misses():
+  """With the right token always second where a head is wrong, the tree with every second choice accepts more."""
+  stub = Stub(vocab_size=16, k=3, head_accuracy=0.3, runner_up_accuracy=1.0)
+  paths = ((0,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1))
+  rng = np.random.RandomState(0)
+  block, tree = run(stub, rng.randint(0, 2**31, size=8), np.full(8, 100), 30, paths, with_blockwise=True)
+  np.testing.assert_array_equal(np.asarray(tree.tokens_BxL), np.asarray(block.tokens_BxL))
+  # Every head is right in its top 2, so every iteration accepts all 3 tokens (the last one cut by max_len).
+  assert np.asarray(tree.iterations_B).tolist() == [10] * 8
+  assert np.asarray(block.iterations_B).sum() > 8 * 10
+
+
+# -- other criteria against an uncached reference ----------------------------------------------------------
+
+def _score_from_scratch(stub, seed, eos_at, tokens):
+  """Head-1 logits [T, V] and hidden states at every position of [BOS] + tokens, with a fresh state (no cache)."""
+  state = stub.init_state(jnp.asarray([seed]), jnp.asarray([eos_at]), len(tokens) + 2)
+  logits, hidden, _ = stub.score_fn(state, jnp.asarray([[BOS] + list(tokens)], jnp.int32),
+                                    jnp.zeros((1,), jnp.int32))
+  return np.asarray(logits[0]), hidden
+
+
+def _reference_tree(stub, seed, eos_at, max_len, paths, criterion):
+  """Tree decoding of one row written the slow, obvious way: every candidate path is scored from scratch as a
+  plain sequence (no tree mask, no cache). Returns (tokens, iterations). Shares only `accept_mask` with the code.
+  """
+  paths = decoding.check_tree(paths, stub.k)
+  out, iterations = [], 0
+  while True:
+    j = len(out)
+    logits, hidden = _score_from_scratch(stub, seed, eos_at, out)
+    heads = [logits[j]]
+    if stub.k > 1:
+      heads += list(np.asarray(stub.propose_fn(jax.tree.map(lambda x: x[:, j], hidden)))[0])
+    # Rank r of a head: the r-th token by score, ties to the lower id.
+    token = {p: int(np.argsort(-heads[len(p) - 1], kind='stable')[p[-1]]) for p in paths}
+    passed = {}
+    for p in paths:
+      before, _ = _score_from_scratch(stub, seed, eos_at, out + [token[p[:d + 1]] for d in range(len(p) - 1)])
+      ok = decoding.accept_mask(criterion, jnp.asarray([[token[p]]]), jnp.asarray(before[None, j + len(p) - 1:][:, :1]))
+      passed[p] = bool(np.asarray(ok)[0, 0]) and (len(p) == 1 or passed[p[:-1]])
+    best = max((p for p in paths if passed[p]), key=len)  # max keeps the first of equal length: canonical order
+    if len(best) < criterion.min_block:
+      best = (0,) * criterion.min_block
+    accepted = [token[best[:d + 1]] for d in range(len(best))]
+    if EOS in accepted:
+      accepted = accepted[:accepted.index(EOS) + 1]
+    out += accepted[:max_len - j]
+    iterations += 1
+    if out[-1] == EOS or len(out) >= max_len:
+      return out, iterations
+
+
+@pytest.mark.parametrize('spec', ['exact', 'top_k:2', 'distance:2', 'top_k:2+min_block:2', 'min_block:3'])
+def test_every_criterion_matches_an_uncached_reference(spec):
+  stub = Stub(vocab_size=16, k=4, head_accuracy=0.5, eos_rate=9, runner_up_accuracy=0.7)
+  criterion = decoding.parse_criterion(spec, k=4)
+  rng = np.random.RandomState(sum(map(ord, spec)))
+  seed_B, eos_at_B = rng.randint(0, 2**31, size=2), rng.randint(1, 16, size=2)
+  tree = run(stub, seed_B, eos_at_B, 13, TREES[1], criterion)
+  for b in range(2):
+    tokens, iterations = _reference_tree(stub, int(seed_B[b]), int(eos_at_B[b]), 13, TREES[1], criterion)
+    length = int(tree.length_B[b])
+    assert list(np.asarray(tree.tokens_BxL[b])[:length]) == tokens
+    assert int(tree.iterations_B[b]) == iterations
+
+
+# -- the real model ----------------------------------------------------------------------------------------
+
+def _last_logits(model, params, src_BxS, sequences):
+  """Head-1 logits after each sequence, fed whole (no cache), all in one call: [len(sequences), V]. The decoder is
+  causal, so padding a sequence at its end leaves the logits at its last token unchanged."""
+  longest = max(map(len, sequences))
+  tgt_in = np.array([list(s) + [3] * (longest - len(s)) for s in sequences], np.int32)
+  full = jax.jit(model.apply)({'params': params}, jnp.asarray(src_BxS), jnp.asarray(tgt_in))
+  return np.asarray(full)[np.arange(len(sequences)), [len(s) - 1 for s in sequences], 0]
+
+
+def test_tree_scores_match_full_recompute(toy_model):
+  """Every node's head-1 logits equal those of its path fed as a plain sequence; after move_cache the accepted
+  path's cache is what the chain would have written (the next call continues exactly)."""
+  model, params, _ = toy_model
+  rng = np.random.RandomState(1)
+  B = 3
+  src, _ = toy_batch(rng, B)
+  paths = decoding.check_tree(TREES[1], 4)
+  layout = decoding.tree_layout(paths)
+  N = len(paths)
+  prefix = rng.randint(3, 24, size=(B, 5))
+  prefix[:, 0] = TOY_BOS
+  nodes = rng.randint(3, 24, size=(B, N))
+  init_state, score_fn, _ = model_lib.decode_fns(model, params)
+  tree = (layout['depth_N'], layout['ancestor_NxN'])
+  score_tree = jax.jit(lambda state, tokens, start: score_fn(state, tokens, start, tree))
+  init_state, score_fn = jax.jit(init_state, static_argnums=1), jax.jit(score_fn)
+  state = init_state(jnp.asarray(src), 5 + N + 8)
+  start = np.array([2, 5, 3])  # rows at different lengths; slots past them hold stale entries
+  _, _, state = score_fn(state, jnp.asarray(prefix), jnp.zeros((B,), jnp.int32))
+  logits, _, state = score_tree(state, jnp.asarray(nodes), jnp.asarray(start))
+  sequences = [list(prefix[b, :start[b]]) + [nodes[b, layout['path_NxD'][n, d]] for d in range(len(paths[n]))]
+               for b in range(B) for n in range(N)]
+  expected = _last_logits(model, params, np.repeat(src, N, axis=0), sequences)
+  np.testing.assert_allclose(np.asarray(logits).reshape(B * N, -1), expected, atol=1e-4)
+  # Accept the path to node 7 = (0, 1, 0) in every row, move it into place, then feed one more token after it.
+  assert paths[7] == (0, 1, 0)
+  state = model_lib.move_cache(state, jnp.asarray(start), jnp.asarray(np.tile(layout['path_NxD'][7], (B, 1))))
+  after = rng.randint(3, 24, size=(B, 1))
+  logits, _, _ = score_fn(state, jnp.asarray(after), jnp.asarray(start + 3))
+  sequences = [list(prefix[b, :start[b]]) + [nodes[b, n] for n in layout['path_NxD'][7, :3]] + [after[b, 0]]
+               for b in range(B)]
+  np.testing.assert_allclose(np.asarray(logits[:, 0]), _last_logits(model, params, src, sequences), atol=1e-4)
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'paths', 'max_len', 'chain'))
+def _real_decode(params, src, *, model, paths, max_len, chain=False):
+  """Greedy (paths None), the chain of blockwise (chain=True) or the tree, with the first tree_depth(paths) heads."""
+  k = 1 if paths is None else decoding.tree_depth(paths)
+  init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
+  state = init_state(src, max_len + (1 if paths is None else len(paths)) + 1)
+  common = dict(batch_size=src.shape[0], max_len=max_len, bos_id=TOY_BOS, eos_id=TOY_EOS)
+  if paths is None:
+    return decoding.greedy(score_fn, state, **common)
+  if chain:
+    return decoding.blockwise(score_fn, propose_fn, state, k=k, **common)
+  return decoding.tree(score_fn, propose_fn, model_lib.move_cache, state, paths=paths, k=k, **common)
+
+
+@hypothesis.given(tree=st.sampled_from(TREES[:3] + (decoding.chain_tree(2),)), batch=st.sampled_from([1, 8]),
+                  max_len=st.sampled_from([6, 14]), seed=st.integers(0, 10_000))
+@hypothesis.settings(max_examples=6, deadline=None, derandomize=True, database=None)
+def test_exact_tree_equals_greedy_on_the_real_model(toy_model, tree, batch, max_len, seed):
+  """Source lengths vary per row (3..8 words, then padding), so rows accept different paths; EOS and max_len
+  fall where the model puts them, inside paths too. The one-path trees must equal blockwise exactly."""
+  model, params, _ = toy_model
+  src = jnp.asarray(toy_batch(np.random.RandomState(seed), batch)[0])
+  paths = decoding.check_tree(tree, 4)
+  greedy_tokens, greedy_length, _ = _real_decode(params, src, model=model, paths=None, max_len=max_len)
+  result = _real_decode(params, src, model=model, paths=paths, max_len=max_len)
+  np.testing.assert_array_equal(np.asarray(result.tokens_BxL), np.asarray(greedy_tokens))
+  np.testing.assert_array_equal(np.asarray(result.length_B), np.asarray(greedy_length))
+  if paths == decoding.chain_tree(len(paths)):
+    _assert_same_result(result, _real_decode(params, src, model=model, paths=paths, max_len=max_len, chain=True))
+
+
+# -- choosing a tree (bpd/trees.py) and the sweep's tree specs -----------------------------------------------
+
+def test_sparse_tree_maximizes_expected_length_greedily():
+  agreement = np.array([[1.0, 0.0, 0.0], [0.6, 0.3, 0.1], [0.5, 0.2, 0.0]])
+  assert trees.sparse_tree(agreement, 1) == ((0,),)
+  # Path probabilities: (0,0) .6, (0,1) .3, (0,0,0) .3, (0,1,0) .15, (0,0,1) .12, (0,2) .1, ...
+  assert trees.sparse_tree(agreement, 4) == ((0,), (0, 0), (0, 1), (0, 0, 0))
+  six = trees.sparse_tree(agreement, 6)
+  assert set(six) == {(0,), (0, 0), (0, 1), (0, 0, 0), (0, 1, 0), (0, 0, 1)}
+  assert trees.expected_length(six, agreement) == pytest.approx(1 + .6 + .3 + .3 + .15 + .12)
+  # Every tree of N nodes it builds beats the chain of the same depth once N > depth.
+  assert trees.expected_length(six, agreement) > trees.expected_length(decoding.chain_tree(3), agreement)
+
+
+def test_named_trees():
+  assert trees.named_tree('chain', 3) == decoding.chain_tree(3)
+  assert trees.named_tree('comb:2', 3) == ((0,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 1))
+  assert len(trees.named_tree('dense:2', 3)) == 1 + 2 + 4
+  assert trees.named_tree('comb:1', 4) == trees.named_tree('dense:1', 4) == decoding.chain_tree(4)
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('bogus', 'Unknown tree spec'), ('comb:x', 'a tree spec is'), ('dense:0', 'at least 1'), ('nodes:0', 'at least 1'),
+    ('nodes:8', 'experiments.choose_tree'), ('dense:20', 'more than 4096 nodes'),
+])
+def test_bad_tree_specs_raise_clear_errors(spec, message, tmp_path):
+  with pytest.raises(UserError, match=message):
+    trees.parse_tree_spec(spec, 4, str(tmp_path))
+
+
+def test_nodes_spec_reads_the_saved_agreement(tmp_path):
+  agreement = np.array([[1.0, 0.0], [0.7, 0.2], [0.4, 0.3]])
+  trees.write_trees(str(tmp_path), agreement, {'4': trees.sparse_tree(agreement, 4)}, {'split': 'val'})
+  assert trees.parse_tree_spec('nodes:4', 3, str(tmp_path)) == trees.sparse_tree(agreement, 4)
+  assert trees.parse_tree_spec('chain', 3, str(tmp_path)) is None
+  with pytest.raises(UserError, match='agreement of 3 heads, the model has k=4'):
+    trees.parse_tree_spec('nodes:4', 4, str(tmp_path))
