@@ -12,6 +12,7 @@ greedy are medians of alternating runs on the first --timing_examples examples, 
 machine. --figure draws one tree (the --figure_nodes one) and its attention mask.
 """
 
+import dataclasses
 import os
 
 from absl import app
@@ -30,6 +31,7 @@ from bpd.data import batching
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.errors import UserError
+from experiments import tpu_estimate
 
 # Flags exist only when this file runs as a script: importing it (tests) defines none.
 if __name__ == '__main__':
@@ -44,6 +46,8 @@ if __name__ == '__main__':
   _REPEATS = flags.DEFINE_integer('repeats', 1, 'Alternating timed runs per setting.')
   _FIGURE = flags.DEFINE_string('figure', '', 'PNG of a tree and its attention mask (empty = none).')
   _FIGURE_NODES = flags.DEFINE_integer('figure_nodes', 16, 'The tree drawn in --figure.')
+  _TPU = flags.DEFINE_list('tpu', [], 'TPU chips (v5e, v4) to estimate each row\'s iteration / greedy-step ratio for, by '
+                           "compiling for them with libtpu (pip install -e '.[tpu]'; no TPU needed). Empty: none.")
   _HEADS = flags.DEFINE_integer('heads', 0, "Heads k' <= k to use (0 = all the model's k): the chain and the "
                                 'trees\' depth.')
 
@@ -126,6 +130,7 @@ def bench(config, workdir, split, nodes, batch_sizes, examples, batch1_examples,
       iterations = sum(int(o.iterations_B) for o in outs)
       identical = np.mean([np.array_equal(o.tokens_BxL, g) for o, g in zip(outs, greedy_out)])
       row = {'batch': batch_size, 'tree': label, 'nodes': len(paths) if paths else k, 'examples': len(src_ids),
+             'paths': paths,
              'mean_accepted_block': tokens / max(iterations, 1), 'iterations': iterations,
              'identical_to_greedy': float(identical)}
       if timing_examples:
@@ -133,18 +138,41 @@ def bench(config, workdir, split, nodes, batch_sizes, examples, batch1_examples,
                                                bucket, f'b{batch_size} {label}')
         row.update(greedy_seconds=g_s, seconds=s, speedup=g_s / s)
       rows.append(row)
-      print(row, flush=True)
+      print({key: v for key, v in row.items() if key != 'paths'}, flush=True)
+  return rows, model_config, k
+
+
+def add_tpu_estimates(rows, model_config, chips, k, max_len, src_len=32):
+  """Per row and chip: tpu_<chip>_ratio, one iteration (chain or tree) over one greedy step, from the TPU compiler's
+  FLOPs and bytes of the model compiled in bfloat16 for one chip (experiments/tpu_estimate.py; an ESTIMATE), and
+  tpu_<chip>_speedup = mean accepted block / that ratio: what the wall clock would give at the roofline."""
+  for chip in chips:
+    device, devices_per_chip = tpu_estimate.chip_device(chip)
+    greedy = {}
+    for r in rows:
+      paths = r.get('paths')
+      cache_len = max_len + max(r['nodes'], k) + 1
+      shapes = dict(batch=r['batch'], max_len=max_len, src_len=src_len, cache_len=cache_len)
+      if r['batch'] not in greedy:
+        greedy[r['batch']] = tpu_estimate.roofline_s(
+            tpu_estimate.step_cost(model_config, device, 'greedy', k=1, **shapes), chip, devices_per_chip)
+      step = (tpu_estimate.step_cost(model_config, device, 'block', k=k, **shapes) if paths is None else
+              tpu_estimate.step_cost(model_config, device, 'tree', k=k, paths=paths, **shapes))
+      r[f'tpu_{chip}_ratio'] = tpu_estimate.roofline_s(step, chip, devices_per_chip) / greedy[r['batch']]
+      r[f'tpu_{chip}_speedup'] = r['mean_accepted_block'] / r[f'tpu_{chip}_ratio']
   return rows
 
 
-def table(rows, chain_block) -> str:
+def table(rows, chain_block, chips=()) -> str:
+  tpu = ''.join(f'TPU {c} ESTIMATE: iteration / greedy step, speedup | ' for c in chips)
   lines = ['| batch | tree | nodes | mean accepted block | vs chain | iterations | identical to greedy | '
-           'speedup over greedy (loaded CPU) |', '|---|---|---|---|---|---|---|---|']
+           'speedup over greedy (loaded CPU) | ' + tpu, '|---' * (8 + len(chips)) + '|']
   for r in rows:
     speed = f"{r['speedup']:.2f}x" if 'speedup' in r else ''
+    est = ''.join(f"{r[f'tpu_{c}_ratio']:.2f}, {r[f'tpu_{c}_speedup']:.2f}x | " for c in chips)
     lines.append(f"| {r['batch']} | {r['tree']} | {r['nodes']} | {r['mean_accepted_block']:.3f} | "
                  f"{r['mean_accepted_block'] / chain_block[r['batch']]:.3f}x | {r['iterations']} | "
-                 f"{r['identical_to_greedy']:.3f} | {speed} |")
+                 f"{r['identical_to_greedy']:.3f} | {speed} | {est}")
   return '\n'.join(lines)
 
 
@@ -162,11 +190,19 @@ def _run():
     paths = trees.parse_tree_spec(f'nodes:{_FIGURE_NODES.value}', k, workdir)
     draw_tree(paths, _FIGURE.value, f'sparse tree of {len(paths)} nodes (nodes:{_FIGURE_NODES.value})')
     print(f'wrote {_FIGURE.value}')
-  rows = bench(config, workdir, _SPLIT.value, nodes, batch_sizes, _EXAMPLES.value, _BATCH1_EXAMPLES.value,
-               _TIMING_EXAMPLES.value, _REPEATS.value, _HEADS.value)
+  for chip in _TPU.value:  # no libtpu or an unknown chip: a clear error before anything decodes
+    tpu_estimate.chip_device(chip)
+  rows, model_config, k = bench(config, workdir, _SPLIT.value, nodes, batch_sizes, _EXAMPLES.value,
+                                _BATCH1_EXAMPLES.value, _TIMING_EXAMPLES.value, _REPEATS.value, _HEADS.value)
+  if _TPU.value:
+    print('TPU columns: ESTIMATES, nothing ran on a TPU: ratio = max(FLOPs / peak, bytes / bandwidth) of one '
+          'iteration over that of one greedy step, this model in bfloat16 compiled by libtpu for one chip '
+          '(experiments/tpu_estimate.py, published peaks); speedup = mean accepted block / ratio.')
+    add_tpu_estimates(rows, dataclasses.replace(model_config, k=k, dropout_rate=0.0), _TPU.value, k,
+                      config.decode.max_len)
   chain_block = {r['batch']: r['mean_accepted_block'] for r in rows if r['tree'].startswith('chain')}
   chain_block = {b: chain_block.get(b, 1.0) for b in {r['batch'] for r in rows}}
-  print(table(rows, chain_block))
+  print(table(rows, chain_block, _TPU.value))
 
 
 def main(argv):

@@ -74,15 +74,16 @@ def roofline_s(step_cost: dict, chip: str, devices_per_chip: int) -> float:
 
 
 def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch: int, max_len: int, src_len: int,
-              cache_len: int, param_dtype: str = 'compute') -> dict:
-  """cost() of one greedy step (step='greedy') or of one k-token blockwise iteration (step='block') on `device`.
+              cache_len: int, param_dtype: str = 'compute', paths=None) -> dict:
+  """cost() of one greedy step (step='greedy'), one k-token blockwise iteration (step='block') or one tree
+  iteration (step='tree', the topology `paths` over k heads; cache_len >= max_len + len(paths) + 1) on `device`.
 
   The model is `config` with DTYPE activations and k heads for an iteration (so that it reads the k - 1 proposal
   heads it uses, as bench_decode's pre-sliced parameters do; 1 head for a greedy step). param_dtype='compute': the
   parameters the loop reads are already in DTYPE, as decode_fns casts them once before the loop; 'float32': the
   training parameters, cast inside every step (what the decoders did before issue #12).
   """
-  k = k if step == 'block' else 1
+  k = 1 if step == 'greedy' else k
   model = model_lib.Transformer(dataclasses.replace(config, k=k, dtype=DTYPE))
   on_device = SingleDeviceSharding(device)
   abstract = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device), tree)
@@ -107,8 +108,20 @@ def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch
     return decoding.blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=NEVER,
                                    criterion=decoding.Criterion(min_block=k))(s)
 
+  def tree_init(params, state):
+    _, score_fn, propose_fn = model_lib.decode_fns(model, params)
+    return decoding.tree_init(score_fn, propose_fn, state, batch_size=batch, paths=paths, max_len=max_len, bos_id=BOS)
+
+  def tree_step(params, s):
+    _, score_fn, propose_fn = model_lib.decode_fns(model, params)
+    return decoding.tree_body(score_fn, propose_fn, model_lib.move_cache, paths=paths, max_len=max_len,
+                              eos_id=NEVER)(s)
+
   state = abstract(jax.eval_shape(encode, params, jax.ShapeDtypeStruct((batch, src_len), jnp.int32)))
-  if step == 'greedy':
+  if step == 'tree':
+    paths = decoding.check_tree(paths, k)
+    carry, body = jax.eval_shape(tree_init, params, state), tree_step
+  elif step == 'greedy':
     carry = jax.eval_shape(lambda s: decoding.greedy_init(s, batch_size=batch, max_len=max_len, bos_id=BOS), state)
     body = greedy_step
   else:
