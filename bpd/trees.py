@@ -57,6 +57,17 @@ def expected_length(paths, agreement_DxR) -> float:
   return float(sum(np.prod([agreement_DxR[d, r] for d, r in enumerate(path)]) for path in paths))
 
 
+def _spec_count(spec: str, arg: str, letter: str) -> int:
+  """The integer R or N of a tree spec ('comb:R', 'dense:R', 'nodes:N'), at least 1, or a UserError."""
+  try:
+    count = int(arg)
+  except ValueError:
+    raise UserError(f'Tree spec {spec!r}: {TREE_SPEC_HELP}.') from None
+  if count < 1:
+    raise UserError(f'Tree spec {spec!r}: {letter} must be at least 1; {TREE_SPEC_HELP}.')
+  return count
+
+
 def named_tree(spec: str, k: int) -> decoding.TreePaths:
   """'chain', 'comb:R' or 'dense:R' with k heads (module docstring)."""
   name, _, arg = str(spec).partition(':')
@@ -64,12 +75,7 @@ def named_tree(spec: str, k: int) -> decoding.TreePaths:
     return decoding.chain_tree(k)
   if name not in ('comb', 'dense'):
     raise UserError(f'Unknown tree spec {spec!r}: {TREE_SPEC_HELP}.')
-  try:
-    width = int(arg)
-  except ValueError:
-    raise UserError(f'Tree spec {spec!r}: {TREE_SPEC_HELP}.') from None
-  if width < 1:
-    raise UserError(f'Tree spec {spec!r}: R must be at least 1; {TREE_SPEC_HELP}.')
+  width = _spec_count(spec, arg, 'R')
   if name == 'comb':
     return decoding.check_tree([(0,) * d + (r,) for d in range(1, k) for r in range(width)] + [(0,)], k)
   if sum(width**d for d in range(k)) > 4096:
@@ -112,12 +118,7 @@ def parse_tree_spec(spec: str, k: int, workdir: str | None = None) -> decoding.T
     return None
   if name != 'nodes':
     return named_tree(spec, k)
-  try:
-    num_nodes = int(arg)
-  except ValueError:
-    raise UserError(f'Tree spec {spec!r}: {TREE_SPEC_HELP}.') from None
-  if num_nodes < 1:
-    raise UserError(f'Tree spec {spec!r}: N must be at least 1; {TREE_SPEC_HELP}.')
+  num_nodes = _spec_count(spec, arg, 'N')
   agreement_KxR = read_agreement(workdir)
   if agreement_KxR.shape[0] < k:
     raise UserError(f'{os.path.join(workdir, TREES_FILE)} holds the agreement of {agreement_KxR.shape[0]} heads, '
