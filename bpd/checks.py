@@ -82,7 +82,7 @@ def check_init_from(model_config: model_lib.ModelConfig, init_from: str, workdir
     return
   base = checkpoint.read_model_config(init_from, 'config.train.init_from')
   fields = ('vocab_size', 'd_model', 'num_heads', 'num_encoder_layers', 'num_decoder_layers', 'd_ff',
-            'attention_block', 'image_side', 'image_input_side', 'colocated_input')
+            'attention_block', 'image_side', 'image_input_side', 'colocated_input', 'output_prior_sigma')
   diffs = [f'{f}: {getattr(base, f)} there, {getattr(model_config, f)} here' for f in fields
            if getattr(base, f) != getattr(model_config, f)]
   mine = os.path.join(workdir, tokenizer_lib.MODEL_NAME)

@@ -103,6 +103,27 @@ def ordinal_pixel_embedding_init(base_init, width: int = ORDINAL_WIDTH):
   return init
 
 
+def bicubic_guess(src_BxS: jax.Array, side: int, input_side: int) -> jax.Array:
+  """Bicubic enlargement of the input image, as intensities: [B, side * side * 3] float32 in [0, 255].
+
+  src_BxS holds the input_side x input_side x 3 image as sub-pixel ids (intensity + PIXEL_OFFSET, raster order);
+  the result is in the target's raster order, so entry p is the guess for target position p
+  (config.model.output_prior_sigma). The same resize as images.enlarge(method='bicubic'), not rounded.
+  """
+  pixels = (src_BxS - PIXEL_OFFSET).astype(jnp.float32).reshape(src_BxS.shape[0], input_side, input_side, 3)
+  enlarged = jax.image.resize(pixels, (src_BxS.shape[0], side, side, 3), method='bicubic')
+  return jnp.clip(enlarged, 0.0, NUM_INTENSITIES - 1.0).reshape(src_BxS.shape[0], -1)
+
+
+def intensity_prior(guess_Bx___: jax.Array, sigma: float, vocab_size: int) -> jax.Array:
+  """Log-prior added to the logits, [..., V]: -(v - g)² / (2 sigma²) for the intensity v of each pixel id,
+  g = guess (config.model.output_prior_sigma). The special ids (padding, BOS, EOS: never an image's target) get
+  the value of an intensity 255 levels away, below every intensity's."""
+  value_V = jnp.arange(vocab_size) - PIXEL_OFFSET
+  distance = jnp.where(value_V >= 0, value_V - guess_Bx___[..., None], NUM_INTENSITIES - 1.0)
+  return -0.5 * jnp.square(distance / sigma)
+
+
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype, heads_major=False) -> jax.Array:
   """Scaled dot-product attention; softmax in float32. Returns [B, T, H, K].
 

@@ -80,6 +80,12 @@ class ModelConfig:
   # (layers.ordinal_pixel_embedding_init). Initialization only: the same parameters and computation. Not in the
   # paper (a random init; the 256 intensities are unordered classes there as in the Image Transformer).
   ordinal_pixel_init: bool = False
+  # Images: add to every head's logits a Gaussian log-prior centred on the bicubic enlargement of the input at
+  # the sub-pixel that head predicts, -(v - g)² / (2 sigma²) over intensities v (layers.bicubic_guess,
+  # layers.intensity_prior); 0 = off. A DEVIATION from the paper and the Image Transformer: the output starts
+  # as bicubic enlargement and the network learns a correction, which keeps greedy decoding anchored to the
+  # input instead of drifting with its own prefix (README, Super-resolution, "Output prior").
+  output_prior_sigma: float = 0.0
 
 
 def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelConfig:
@@ -96,6 +102,10 @@ def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelCo
     raise UserError('colocated_input=True needs image_side and image_input_side (the co-located input sub-pixel of '
                     'an output sub-pixel is defined by the two image sides): set config.model.image_positions=True '
                     'as well (configs/celeba_sr.py does), images only.')
+  if overrides.get('output_prior_sigma', 0.0) < 0 or (overrides.get('output_prior_sigma', 0.0) and not side):
+    raise UserError(f'output_prior_sigma={overrides["output_prior_sigma"]}: the prior is a width in intensity '
+                    'levels around the bicubic enlargement of the input, images only: use 0 (off) or a value > 0 '
+                    'with image_side and image_input_side set (config.model.image_positions=True).')
   if overrides.get('attention_block', 0) < 0:
     raise UserError(f'attention_block={overrides["attention_block"]}: use 0 (full causal self-attention) or a '
                     'block size W > 0 (local attention) (config.model.attention_block).')
@@ -213,7 +223,12 @@ class Transformer(nn.Module):
     """Logits of every head at every target position: [B, T, k, V]. Head i at position t predicts y_{t+i}."""
     enc = self.encode(src_BxS, deterministic)
     hidden = self.decode_hidden(enc, src_BxS, tgt_in_BxT, deterministic)
-    return self.logits(self.head_hidden(hidden))
+    logits_BxTxKxV = self.logits(self.head_hidden(hidden))
+    if self.config.output_prior_sigma:
+      positions_BxT = jnp.broadcast_to(jnp.arange(tgt_in_BxT.shape[1]), tgt_in_BxT.shape)
+      offsets_K = jnp.arange(self.config.k)
+      logits_BxTxKxV += self._prior(src_BxS, positions_BxT[..., None] + offsets_K)
+    return logits_BxTxKxV
 
   def one_head_logits(self, src_BxS, tgt_in_BxT, head, deterministic=True):
     """Logits of head `head` + 1 alone at every target position: [B, T, V] (head 0-based, may be traced).
@@ -223,12 +238,27 @@ class Transformer(nn.Module):
     """
     enc = self.encode(src_BxS, deterministic)
     hidden_BxTxD = self.decode_hidden(enc, src_BxS, tgt_in_BxT, deterministic)
+    positions_BxT = jnp.broadcast_to(jnp.arange(tgt_in_BxT.shape[1]), tgt_in_BxT.shape)
+    prior = self._prior(src_BxS, positions_BxT + head) if self.config.output_prior_sigma else 0.0
     if self.config.k == 1:
-      return self.logits(hidden_BxTxD)
+      return self.logits(hidden_BxTxD) + prior
     # Head 1 is the decoder output itself; heads 2..k pass through their slice of the multi-output layer. The
     # drawn head's slice is computed either way (d·d_ff work, small) and selected: one vocabulary projection.
     proposal_BxTxD = self.multi_output.one_head(hidden_BxTxD, jnp.maximum(head - 1, 0))
-    return self.logits(jnp.where(head == 0, hidden_BxTxD, proposal_BxTxD.astype(hidden_BxTxD.dtype)))
+    return self.logits(jnp.where(head == 0, hidden_BxTxD, proposal_BxTxD.astype(hidden_BxTxD.dtype))) + prior
+
+  def _prior(self, src_BxS, positions_Bx___):
+    """The output prior (config.output_prior_sigma) of the sub-pixels at target positions [B, ...]: [B, ..., V].
+
+    Target position p is the sub-pixel head 1 predicts at p (head i at p predicts p + i - 1). The guess
+    depends only on the source and the position, never on the outputs, so blockwise verification stays
+    exact. Positions past the image (blockwise scoring beyond max_len) are clipped to its last sub-pixel.
+    """
+    c = self.config
+    guess_BxP = layers.bicubic_guess(src_BxS, c.image_side, c.image_input_side)
+    index = jnp.clip(positions_Bx___, 0, guess_BxP.shape[1] - 1).reshape(positions_Bx___.shape[0], -1)
+    guess_Bx___ = jnp.take_along_axis(guess_BxP, index, axis=1).reshape(positions_Bx___.shape)
+    return layers.intensity_prior(guess_Bx___, c.output_prior_sigma, c.vocab_size)
 
   # -- decoding with the per-row cache ---------------------------------------------------------------------
 
@@ -239,8 +269,8 @@ class Transformer(nn.Module):
         'src_mask_BxS': src_BxS > 0,
         'layers': tuple(layer.init_cache(enc, cache_len) for layer in self.decoder_layers),
     }
-    if self.config.colocated_input:
-      state['src_BxS'] = src_BxS  # score looks up the co-located input sub-pixel of each new position
+    if self.config.colocated_input or self.config.output_prior_sigma:
+      state['src_BxS'] = src_BxS  # score looks up the co-located input / output prior of each new position
     return state
 
   def score(self, state, tokens_BxT, start_B, tree=None):
@@ -265,7 +295,14 @@ class Transformer(nn.Module):
       x, cache = layer.extend(x, cache, start_B, cross_BxTxS, tree)
       new_layers.append(cache)
     hidden_BxTxD = self.decoder_norm(x)
-    return self.logits(hidden_BxTxD), hidden_BxTxD, dict(state, layers=tuple(new_layers))
+    new_state = dict(state, layers=tuple(new_layers))
+    if not self.config.output_prior_sigma:
+      return self.logits(hidden_BxTxD), hidden_BxTxD, new_state
+    # The output prior: head 1 at position p predicts p; heads 2..k from there predict p + 1 .. p + k - 1, whose
+    # priors travel with the hidden state to `propose` (the decode loop treats `hidden` as an opaque pytree).
+    prior_BxTxKxV = self._prior(state['src_BxS'], positions_BxT[..., None] + jnp.arange(self.config.k))
+    hidden = {'hidden_BxTxD': hidden_BxTxD, 'prior_BxTxKm1xV': prior_BxTxKxV[:, :, 1:]}
+    return self.logits(hidden_BxTxD) + prior_BxTxKxV[:, :, 0], hidden, new_state
 
   def propose(self, hidden_BxD, num_heads: int | None = None):
     """Logits of heads 2..k' at one position per row: [B, k'-1, V], k' = num_heads (default k).
@@ -273,13 +310,16 @@ class Transformer(nn.Module):
     Heads are independent slices of the multi-output layer, so only the heads used are computed.
     """
     heads = self.config.k if num_heads is None else num_heads
+    if isinstance(hidden_BxD, dict):  # with config.output_prior_sigma (score)
+      prior_BxKm1xV = hidden_BxD['prior_BxTxKm1xV'][:, :heads - 1]
+      return self.logits(self.multi_output(hidden_BxD['hidden_BxTxD'], heads - 1)) + prior_BxKm1xV
     return self.logits(self.multi_output(hidden_BxD, heads - 1))
 
 
 def init_params(config: ModelConfig, rng: jax.Array, src_len: int = 8, tgt_len: int = 8) -> dict:
   """Random parameters for `config` (the 'params' collection)."""
   model = Transformer(config)
-  if config.colocated_input:
+  if config.colocated_input or config.output_prior_sigma:
     src_len = config.image_input_side * config.image_input_side * 3  # the only source length it accepts
   src = jnp.ones((1, src_len), jnp.int32)
   tgt = jnp.ones((1, tgt_len), jnp.int32)

@@ -191,6 +191,13 @@ def image_sides(config) -> dict:
   ordinal initialization of the intensity embeddings (config.model.ordinal_pixel_init, images only)."""
   colocated = config.model.get('colocated_input', False)
   ordinal = {'ordinal_pixel_init': True} if config.model.get('ordinal_pixel_init', False) else {}
+  prior = config.model.get('output_prior_sigma', 0.0)
+  if prior and not (config.data.source == 'images' and config.model.get('image_positions', False)):
+    raise UserError(f'config.model.output_prior_sigma={prior} centres each output on the bicubic enlargement of '
+                    'the input image: use it with config.data.source=images and config.model.image_positions=True '
+                    '(configs/celeba_sr.py), or set it to 0.')
+  if prior:
+    ordinal['output_prior_sigma'] = float(prior)
   if ordinal and config.data.source != 'images':
     raise UserError('config.model.ordinal_pixel_init=True initializes the 256 intensity embeddings of images: use '
                     'it with config.data.source=images only.')

@@ -13,7 +13,9 @@ gpu (image_medium, d=256, 2 + 4 layers, batch 32, for a time-boxed run on one ac
 experiments/superres_timeboxed.sh), runlocal (cpu, shrunk to a smoke run of a few steps), colocated (turns on
 config.model.colocated_input: each decoder position also gets the embedding of the input sub-pixel that covers
 the sub-pixel it predicts; a DEVIATION from the paper and the Image Transformer, off by default so that the
-faithful model is what every other argument gives; bpd/model.py Transformer._colocated).
+faithful model is what every other argument gives; bpd/model.py Transformer._colocated), prior or prior=SIGMA
+(config.model.output_prior_sigma: every head's logits get a Gaussian log-prior of width SIGMA intensity levels,
+default 26, around the bicubic enlargement of the input at the sub-pixel it predicts; also a DEVIATION).
 
   python -m bpd.main --config=configs/celeba_sr.py:cpu --workdir=runs/sr/base
   python -m bpd.main --config=configs/celeba_sr.py:cpu,regime=finetune --workdir=runs/sr/finetune \
@@ -51,6 +53,10 @@ def get_config(arg: str | None = None):
   # Not in the paper: the co-located input sub-pixel's embedding added at each decoder position (README,
   # Super-resolution). Needs image_positions (the 2D layout). Off: the faithful model.
   c.model.colocated_input = 'colocated' in args
+  # Not in the paper: a Gaussian log-prior on every head's logits around the bicubic enlargement of the input
+  # (README, Super-resolution, "Output prior"). `prior` uses sigma = 26 intensity levels, the RMS error of
+  # bicubic enlargement on the train faces; `prior=S` another width. Off: the faithful model.
+  c.model.output_prior_sigma = float(args['prior'] or 26) if 'prior' in args else 0.0
   c.model.dropout_rate = 0.1
   c.data.source = 'images'
   c.data.image_source = 'npy'

@@ -10,7 +10,8 @@ Stages (an interrupted study resumes at the stage it was in; training resumes fr
   3. decode  every model (or those in --decode_models, in that order) on every split: greedy, and blockwise
              for k' in --ks and each criterion (exact, distance:2), at each batch size; PSNR/SSIM against the
              ground truth                                                          W/<model>/decode_<split>
-  4. table   W/study.md, W/study.csv, W/study.json, W/study_paper.md (model x criterion by k), plots
+  4. table   W/study.md, W/study.csv, W/study.json, W/study_paper.md (model x criterion by k),
+             W/study_table2_<split>_b<batch>.md (the paper's Table 2 layout beside its numbers), plots
              W/study_<split>_b<batch>_<model>.png, and one image
              grid W/study_<split>_grid.png: input, ground truth, and greedy and every setting of each model.
 The paper's numbers to compare with (DESIGN §2; k = 10): mean accepted block size 1.10 (frozen, exact),
@@ -87,6 +88,12 @@ def _done_training(workdir, steps):
   return (checkpoint.latest_step(workdir) or 0) >= steps
 
 
+def _stopped(stage, workdir):
+  """Training stopped early (preemption, Ctrl-C, a time box's SIGTERM): the later stages must not run on a
+  half-trained model."""
+  logging.warning('Stage %s stopped before its last step (%s); rerun the same command to resume it.', stage, workdir)
+
+
 def model_dirs(root, plan):
   return {'base': os.path.join(root, 'base'), **{r: os.path.join(root, r) for r in plan.regimes}}
 
@@ -106,6 +113,8 @@ def run_stages(config, root, plan: Plan):
     if not _done_training(base_dir, cfg.train.num_steps):
       logging.info('Stage base -> %s', base_dir)
       train.train_and_evaluate(cfg, base_dir)
+      if not _done_training(base_dir, cfg.train.num_steps):
+        return _stopped('base', base_dir)
   if 'heads' in stages:
     for regime in plan.regimes:
       workdir = os.path.join(root, regime)
@@ -115,6 +124,8 @@ def run_stages(config, root, plan: Plan):
       if not _done_training(workdir, cfg.train.num_steps):
         logging.info('Stage heads: %s -> %s', regime, workdir)
         train.train_and_evaluate(cfg, workdir)
+        if not _done_training(workdir, cfg.train.num_steps):
+          return _stopped(regime, workdir)
   if 'decode' in stages:
     for name in plan.decode_models or dirs:
       for split in plan.splits:
@@ -153,10 +164,50 @@ def write_table(config, root, plan):
   columns = [('model', 'model', '{}')] + evaluate_images.COLUMNS
   report.write_study(rows, root, columns)  # the paper-style view is Stern et al. Table 4's layout
   for split in sorted({r['split'] for r in rows}):
+    for batch_size in sorted({r['batch_size'] for r in rows}):
+      chosen = [r for r in rows if r['split'] == split and r['batch_size'] == batch_size]
+      with open(os.path.join(root, f'study_table2_{split}_b{batch_size}.md'), 'w') as f:
+        f.write(table2_markdown(chosen) + '\n')
+  for split in sorted({r['split'] for r in rows}):
     # The grid shows the batch size that decoded the most images (batch 1 may have decoded only a few).
     examples, batch_size = max((r['examples'], -r['batch_size']) for r in rows if r['split'] == split)
     write_grid(config, root, plan, split, batch_size=-batch_size, examples=examples)
   print(report.markdown_table(rows, columns))
+
+
+# Stern et al. 2018, Table 2 (DESIGN §2): mean accepted block size on CelebA 8x8 -> 32x32, by k.
+PAPER_TABLE2 = {
+    'Regular': {2: 1.07, 4: 1.08, 6: 1.09, 8: 1.09, 10: 1.10},
+    'Approximate': {2: 1.24, 4: 1.36, 6: 1.38, 8: 1.49, 10: 1.40},
+    'Fine-tuning': {2: 1.59, 4: 2.11, 6: 2.23, 8: 2.17, 10: 2.04},
+    'Both': {2: 1.96, 4: 3.75, 6: 5.25, 8: 6.36, 10: 6.79},
+}
+# The paper's rows as (model of this study, criterion).
+TABLE2_ROWS = {'Regular': ('frozen', 'exact'), 'Approximate': ('frozen', 'distance:2'),
+               'Fine-tuning': ('finetune', 'exact'), 'Both': ('finetune', 'distance:2')}
+
+
+def table2_markdown(rows) -> str:
+  """The paper's Table 2 layout for one split and batch size: per row and k, our mean accepted block size and
+  PSNR (dB), beside the paper's block size (the paper gives no PSNR per cell), and each model's greedy PSNR."""
+  by_key = {(r['model'], r['criterion'], r['k']): r for r in rows}
+  ks = sorted({r['k'] for r in rows if r['criterion'] != 'greedy'})
+  lines = ['| row | model greedy PSNR | ' + ' | '.join(f'k = {k} | paper' for k in ks) + ' |',
+           '|---|---|' + '---|---|' * len(ks)]
+  for name, (model, criterion) in TABLE2_ROWS.items():
+    greedy = by_key.get((model, 'greedy', 1))
+    cells = [f"{greedy['quality']:.2f} dB" if greedy else '']
+    for k in ks:
+      r = by_key.get((model, criterion, k))
+      cells += [f"{r['mean_accepted_block_size']:.2f} / {r['quality']:.2f} dB" if r else '',
+                f'{PAPER_TABLE2[name][k]:.2f}' if k in PAPER_TABLE2[name] else '']
+    lines.append(f'| {name} ({model}, {criterion}) | ' + ' | '.join(cells) + ' |')
+  example = rows[0]
+  baselines = ', '.join(f"{m} enlargement {example[f'{m}_psnr']:.2f} dB" for m in ('nearest', 'bicubic')
+                        if f'{m}_psnr' in example)
+  return (f"Split {example['split']}, batch {example['batch_size']}, {example['examples']} images. Cells: mean "
+          'accepted block size / PSNR against the ground truth; paper: its mean accepted block size (Stern et al. '
+          f'2018, Table 2; no PSNR given). Baselines: {baselines}.\n\n' + '\n'.join(lines))
 
 
 def write_grid(config, root, plan, split, batch_size, examples):

@@ -49,27 +49,31 @@ def test_blockwise_layer_equals_naive_local_mask(length, block):
   np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
 
 
-def _random_model(block, vocab=40, k=3, image_sides=(0, 0), colocated=False):
+def _random_model(block, vocab=40, k=3, image_sides=(0, 0), colocated=False, prior=0.0):
   """Small (1 + 2 layers, d = 32) to compile fast; two decoder layers so the cache feeds a second layer."""
   config = model_lib.model_config('image_tiny', vocab_size=vocab, k=k, dropout_rate=0.0, d_model=32, d_ff=64,
                                   attention_block=block, image_side=image_sides[0], image_input_side=image_sides[1],
-                                  colocated_input=colocated)
+                                  colocated_input=colocated, output_prior_sigma=prior)
   return model_lib.Transformer(config), jax.jit(model_lib.init_params, static_argnums=0)(
       config, jax.random.PRNGKey(1))
 
 
-@pytest.mark.parametrize('block,image_sides,colocated', [(3, (0, 0), False), (4, (0, 0), False),
-                                                         (4, (4, 2), False), (4, (4, 2), True)])
-def test_cached_local_decoder_matches_blockwise_full_sequence(block, image_sides, colocated):
+@pytest.mark.parametrize('block,image_sides,colocated,prior', [
+    (3, (0, 0), False, 0.0), (4, (0, 0), False, 0.0), (4, (4, 2), False, 0.0), (4, (4, 2), True, 0.0),
+    (4, (4, 2), False, 3.0)])
+def test_cached_local_decoder_matches_blockwise_full_sequence(block, image_sides, colocated, prior):
   """Per-row starts, stale entries of a rejected block, overwrites, and calls that straddle block boundaries;
   the sequence (11) is not a multiple of W. Every call writes 4 positions (one compiled shape). With image
   sides, positions are 2D image coordinates (model.image_positions), on the cached path as on the full one.
   With colocated (model.colocated_input), each position also adds the embedding of the input sub-pixel under
   the sub-pixel it predicts: the cached path must look it up at the same per-row positions as the full pass
-  (the source is then the whole 2x2x3 input, 12 ids)."""
-  model, params = _random_model(block, image_sides=image_sides, colocated=colocated)
+  (the source is then the whole 2x2x3 input, 12 ids). With prior (model.output_prior_sigma), every head's logits
+  add the log-prior around the bicubic guess of the sub-pixel it predicts: head 1's in score, heads 2..k's in
+  propose from the hidden state score returned (sigma 3: the prior varies by ~10 across ids, so a wrong
+  position would show)."""
+  model, params = _random_model(block, image_sides=image_sides, colocated=colocated, prior=prior)
   rng = np.random.RandomState(block)
-  B, S, T, NEW = 5, 12 if colocated else 6, 11, 4
+  B, S, T, NEW = 5, 12 if colocated or prior else 6, 11, 4
   src = jnp.asarray(rng.randint(3, 40, size=(B, S)))
   tgt_in = rng.randint(3, 40, size=(B, T))
   full_BxTxKxV = np.asarray(jax.jit(model.apply)({'params': params}, src, jnp.asarray(tgt_in)))
@@ -78,7 +82,7 @@ def test_cached_local_decoder_matches_blockwise_full_sequence(block, image_sides
   def score_and_propose(params, state, tokens_BxT, start_B):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
     logits, hidden, state = score_fn(state, tokens_BxT, start_B)
-    return logits, propose_fn(hidden[:, -1]), state
+    return logits, propose_fn(jax.tree.map(lambda x: x[:, -1], hidden)), state
 
   init_state = jax.jit(lambda p, src: model_lib.decode_fns(model, p)[0](src, T + 3))
   state = init_state(params, src)
@@ -145,7 +149,10 @@ EMBED_SCALE = 0.1
 SUBJECT_SEED = 0
 
 
-@pytest.fixture(scope='module', params=[False, True], ids=['faithful', 'colocated'])
+PRIOR_SIGMA = 26.0  # config.model.output_prior_sigma of the third parametrization (configs/celeba_sr.py's default)
+
+
+@pytest.fixture(scope='module', params=['faithful', 'colocated', 'prior'])
 def image_model(request):
   """(model, params): a tiny 4-head local-attention model, untrained, with three edits; the same on every CPU.
 
@@ -169,9 +176,12 @@ def image_model(request):
   With `colocated` (the second parametrization), the model is the same but with model.colocated_input (and
   the 2D positions it needs): each decoder position also gets the input sub-pixel under the one it predicts.
   Exact blockwise decoding must still equal greedy: the co-located input depends only on the position.
+  With `prior` (the third), every head's logits also get the Gaussian log-prior around the bicubic enlargement
+  of the input at the sub-pixel it predicts (model.output_prior_sigma): it too depends only on the source and
+  the position, and reaches heads 2..k through the hidden state that score hands to propose.
   """
-  colocated = request.param
-  sides = dict(image_side=HIGH, image_input_side=LOW, colocated_input=True) if colocated else {}
+  sides = {'faithful': {}, 'colocated': dict(image_side=HIGH, image_input_side=LOW, colocated_input=True),
+           'prior': dict(image_side=HIGH, image_input_side=LOW, output_prior_sigma=PRIOR_SIGMA)}[request.param]
   config = model_lib.model_config('image_tiny', vocab_size=images.IMAGE_VOCAB_SIZE, k=IMAGE_K,
                                   dropout_rate=0.0, attention_block=IMAGE_BLOCK, **sides)
   params = model_lib.init_params(config, jax.random.PRNGKey(SUBJECT_SEED))
@@ -260,3 +270,43 @@ def test_decoded_tokens_round_trip_through_images(decoded_images):
   # Raster order, R, G, B per pixel: token (r * 8 + c) * 3 + channel is pixel (r, c)'s channel.
   b, r, c, ch = 3, 5, 2, 1
   assert image_Bx8x8x3[b, r, c, ch] == tokens[b, (r * HIGH + c) * 3 + ch] - images.PIXEL_OFFSET
+
+
+def test_bicubic_guess_is_the_bicubic_enlargement():
+  """The output prior's centre (layers.bicubic_guess) is images.enlarge(method='bicubic') before rounding, in the
+  target's raster order, so position p's guess is the sub-pixel that position p predicts."""
+  low = np.random.RandomState(0).randint(0, 256, size=(3, LOW, LOW, 3)).astype(np.uint8)
+  guess_BxP = np.asarray(layers.bicubic_guess(jnp.asarray(images.image_to_tokens(low)), HIGH, LOW))
+  enlarged = images.enlarge(low, side=HIGH, method='bicubic').reshape(3, -1).astype(np.float64)
+  assert guess_BxP.shape == (3, TGT_LEN) and guess_BxP.min() >= 0 and guess_BxP.max() <= 255
+  np.testing.assert_allclose(guess_BxP, enlarged, atol=0.5 + 1e-3)
+
+
+def test_a_narrow_output_prior_decodes_the_bicubic_enlargement():
+  """By construction: with sigma = 0.05 intensity levels, neighbouring intensities' priors differ by >= 200 near
+  the guess, far more than the random network's logits (|logit| < 1 at EMBED_SCALE-free init), so greedy decoding
+  writes round(guess), the bicubic enlargement, whatever its prefix; and the heads propose the same."""
+  config = model_lib.model_config('image_tiny', vocab_size=images.IMAGE_VOCAB_SIZE, k=IMAGE_K, dropout_rate=0.0,
+                                  attention_block=IMAGE_BLOCK, image_side=HIGH, image_input_side=LOW,
+                                  output_prior_sigma=0.05)
+  model = model_lib.Transformer(config)
+  params = model_lib.init_params(config, jax.random.PRNGKey(SUBJECT_SEED))
+  rng = np.random.RandomState(5)
+  low = (rng.randint(0, 8, size=(4, LOW, LOW, 3)) * 32 + 16).astype(np.uint8)
+  src = jnp.asarray(images.image_to_tokens(low))
+  guess_BxP = np.asarray(layers.bicubic_guess(src, HIGH, LOW))
+  far_from_ties = np.abs(guess_BxP - np.floor(guess_BxP) - 0.5) > 0.02  # a guess near x.5 may round either way
+  greedy_tokens, _, _ = _greedy_images(params, src, model=model)
+  pixels_BxP = np.asarray(greedy_tokens) - images.PIXEL_OFFSET
+  np.testing.assert_array_equal(pixels_BxP[far_from_ties], np.round(guess_BxP)[far_from_ties])
+  exact = _blockwise_images(params, src, model=model, criterion=decoding.parse_criterion('exact'))
+  np.testing.assert_array_equal(np.asarray(exact.tokens_BxL), np.asarray(greedy_tokens))
+  assert decoding.summarize(exact)['mean_accepted_block_size'] > 3.5  # the heads propose the guesses too
+
+
+def test_output_prior_needs_image_sides():
+  with pytest.raises(UserError, match='output_prior_sigma'):
+    model_lib.model_config('image_tiny', vocab_size=images.IMAGE_VOCAB_SIZE, output_prior_sigma=26.0)
+  with pytest.raises(UserError, match='output_prior_sigma'):
+    model_lib.model_config('image_tiny', vocab_size=images.IMAGE_VOCAB_SIZE, image_side=HIGH, image_input_side=LOW,
+                           output_prior_sigma=-1.0)
