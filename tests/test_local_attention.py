@@ -224,9 +224,10 @@ def test_image_model_is_a_fair_test_subject(image_model, decoded_images):
   """The subject makes exact == greedy a real test: its outputs change along the image and between images,
   and its extra heads are right sometimes, not always (image_model says why, on every CPU). The thresholds
   sit far from the measured values (every row has >= 7 distinct intensities, the 8 rows differ, mean
-  accepted block 2.12 with k = 4, smallest top-2 logit gap 1.8e-4), so a few argmax flips by another CPU's
-  rounding could not fail them; and the gap is 1000x the largest difference between the cached 4-token path
-  and the full pass here (1.3e-7), so there are none to expect."""
+  accepted block 2.12 with k = 4, smallest top-2 logit gap 1.8e-4; colocated: >= 4 distinct, 2.03, 1.6e-5;
+  prior: >= 33 distinct, 2.17, 3.7e-5), so a few argmax flips by another CPU's rounding could not fail them;
+  and the gap is over 100x the largest difference between the cached 4-token path and the full pass here
+  (1.3e-7), so there are none to expect."""
   model, params = image_model
   d = decoded_images
   assert d['greedy'].min() >= images.PIXEL_OFFSET  # pixels only: the special ids' logits are exactly 0
