@@ -25,6 +25,7 @@ from bpd.data import batching
 from bpd.data import images
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
+from bpd.errors import UserError
 
 EVAL_BLEU_EXAMPLES = 256  # a quick greedy BLEU during training; the full one is --mode=decode
 
@@ -55,11 +56,31 @@ class Task:
   write_outputs: Callable[[str, Any], None]  # (path without extension, outputs): one file per setting
   # (path_png, inputs, references, {setting name: outputs}, examples) -> None: one overview per split (or none)
   write_grid: Callable[[str, Any, Any, dict, int], None]
+  model_options: Callable[[Any], dict]  # (config) -> the ModelConfig fields the task sets (image sides, ...)
 
 
 def for_config(config) -> Task:
   """The task of a config: super-resolution for config.data.source=images, translation for every text source."""
   return SUPERRES if config.data.source == 'images' else TRANSLATION
+
+
+# Model options of images only, and what to say when one is set where it cannot work.
+_IMAGE_OPTIONS = {
+    'colocated_input': 'config.model.colocated_input=True needs config.data.source=images and '
+                       'config.model.image_positions=True (it maps each output sub-pixel to the input sub-pixel '
+                       'that covers it, in the 2D image layout).',
+    'output_prior_sigma': 'config.model.output_prior_sigma={} centres each output on the bicubic enlargement of '
+                          'the input image: use it with config.data.source=images and '
+                          'config.model.image_positions=True (configs/celeba_sr.py), or set it to 0.',
+    'ordinal_pixel_init': 'config.model.ordinal_pixel_init=True initializes the 256 intensity embeddings of '
+                          'images: use it with config.data.source=images only.',
+}
+
+
+def _refuse_image_options(config, names) -> None:
+  for name in names:
+    if config.model.get(name, False):
+      raise UserError(_IMAGE_OPTIONS[name].format(config.model[name]))
 
 
 # -- translation -----------------------------------------------------------------------------------------------
@@ -129,6 +150,8 @@ TRANSLATION = Task(
     baselines=lambda sources, references: {},
     write_outputs=lambda path, hypotheses: write_lines(path + '.txt', hypotheses),
     write_grid=lambda path_png, sources, references, outputs_by_name, examples: None,  # the .txt files are the outputs
+    # Text has 1D positions (config.model.image_positions is ignored) and none of the image options.
+    model_options=lambda config: _refuse_image_options(config, _IMAGE_OPTIONS) or {},
 )
 
 
@@ -150,6 +173,20 @@ def _image_decode_examples(config, split, tokenizer):
   del tokenizer
   lowres_Nx8x8x3, highres_Nx32x32x3 = pipeline.load_image_split(config.data, split, config.decode.max_examples or None)
   return list(images.image_to_tokens(lowres_Nx8x8x3)), highres_Nx32x32x3, lowres_Nx8x8x3
+
+
+def _image_model_options(config) -> dict:
+  """ModelConfig fields for 2D image positions (config.model.image_positions), the co-located input embedding
+  and the output prior (config.model.colocated_input, output_prior_sigma: both need the image sides, so 2D
+  positions too) and the ordinal initialization of the intensity embeddings (config.model.ordinal_pixel_init)."""
+  m = config.model
+  ordinal = {'ordinal_pixel_init': True} if m.get('ordinal_pixel_init', False) else {}
+  if not m.get('image_positions', False):
+    _refuse_image_options(config, ('colocated_input', 'output_prior_sigma'))
+    return ordinal
+  prior = {'output_prior_sigma': float(m.output_prior_sigma)} if m.get('output_prior_sigma', 0.0) else {}
+  return dict(image_side=images.HIGHRES, image_input_side=images.LOWRES,
+              colocated_input=bool(m.get('colocated_input', False)), **prior, **ordinal)
 
 
 def _save_images(path, images_Nx32x32x3):
@@ -177,4 +214,5 @@ SUPERRES = Task(
     baselines=evaluate_images.baselines,
     write_outputs=_save_images,
     write_grid=evaluate_images.save_grid,
+    model_options=_image_model_options,
 )

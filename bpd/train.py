@@ -185,31 +185,6 @@ def make_eval_step(model, *, label_smoothing, mesh=None):
   return eval_step
 
 
-def image_sides(config) -> dict:
-  """ModelConfig fields for 2D image positions (config.model.image_positions, images only), for the co-located
-  input embedding (config.model.colocated_input, which needs the image sides, so 2D positions too) and for the
-  ordinal initialization of the intensity embeddings (config.model.ordinal_pixel_init, images only)."""
-  colocated = config.model.get('colocated_input', False)
-  ordinal = {'ordinal_pixel_init': True} if config.model.get('ordinal_pixel_init', False) else {}
-  prior = config.model.get('output_prior_sigma', 0.0)
-  if prior and not (config.data.source == 'images' and config.model.get('image_positions', False)):
-    raise UserError(f'config.model.output_prior_sigma={prior} centres each output on the bicubic enlargement of '
-                    'the input image: use it with config.data.source=images and config.model.image_positions=True '
-                    '(configs/celeba_sr.py), or set it to 0.')
-  if prior:
-    ordinal['output_prior_sigma'] = float(prior)
-  if ordinal and config.data.source != 'images':
-    raise UserError('config.model.ordinal_pixel_init=True initializes the 256 intensity embeddings of images: use '
-                    'it with config.data.source=images only.')
-  if config.data.source != 'images' or not config.model.get('image_positions', False):
-    if colocated:
-      raise UserError('config.model.colocated_input=True needs config.data.source=images and '
-                      'config.model.image_positions=True (it maps each output sub-pixel to the input sub-pixel '
-                      'that covers it, in the 2D image layout).')
-    return ordinal
-  return dict(image_side=images.HIGHRES, image_input_side=images.LOWRES, colocated_input=bool(colocated), **ordinal)
-
-
 def fresh_params(model_config, seed: int) -> dict:
   # Jitted: one compile instead of one per operation of the initializers (seconds at start-up).
   return jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.PRNGKey(seed))
@@ -349,7 +324,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                         k=1 if tc.regime == 'base' else config.k,
                                         dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
                                         attention_block=config.model.get('attention_block', 0),
-                                        **image_sides(config))
+                                        **task.model_options(config))
   checks.check_init_from(model_config, tc.init_from if tc.regime != 'base' else '', workdir)
   if jax.process_index() == 0:
     checkpoint.write_model_config(workdir, model_config)

@@ -13,7 +13,7 @@ import pytest
 
 from bpd import layers
 from bpd import model as model_lib
-from bpd import train
+from bpd import tasks
 from bpd.data import images
 from bpd.errors import UserError
 from configs import celeba_sr
@@ -49,12 +49,12 @@ def test_image_sides_come_together():
 
 def test_celeba_config_turns_image_positions_on_and_text_ignores_the_flag():
   config = celeba_sr.get_config('runlocal')
-  assert train.image_sides(config) == dict(image_side=32, image_input_side=8, colocated_input=False)
+  assert tasks.for_config(config).model_options(config) == dict(image_side=32, image_input_side=8, colocated_input=False)
   config.model.image_positions = False
-  assert train.image_sides(config) == {}
+  assert tasks.for_config(config).model_options(config) == {}
   config.model.image_positions = True
   config.data.source = 'text'
-  assert train.image_sides(config) == {}
+  assert tasks.for_config(config).model_options(config) == {}
 
 
 # -- model.colocated_input: the input sub-pixel under each output sub-pixel (a deviation from the paper) ----
@@ -121,14 +121,14 @@ def test_celeba_config_colocated_switch():
   positions and images."""
   assert not celeba_sr.get_config('cpu').model.colocated_input
   config = celeba_sr.get_config('cpu,colocated')
-  assert train.image_sides(config) == dict(image_side=32, image_input_side=8, colocated_input=True)
+  assert tasks.for_config(config).model_options(config) == dict(image_side=32, image_input_side=8, colocated_input=True)
   config.model.image_positions = False
   with pytest.raises(UserError, match='colocated_input=True needs'):
-    train.image_sides(config)
+    tasks.for_config(config).model_options(config)
   config.model.image_positions = True
   config.data.source = 'text'
   with pytest.raises(UserError, match='colocated_input=True needs'):
-    train.image_sides(config)
+    tasks.for_config(config).model_options(config)
 
 
 def test_ordinal_pixel_init_orders_the_intensity_embeddings():
@@ -152,7 +152,25 @@ def test_ordinal_pixel_init_orders_the_intensity_embeddings():
     model_lib.init_params(dataclasses.replace(config, vocab_size=100), jax.random.PRNGKey(0))
   config = celeba_sr.get_config('cpu')
   config.model.ordinal_pixel_init = True
-  assert train.image_sides(config)['ordinal_pixel_init']
+  assert tasks.for_config(config).model_options(config)['ordinal_pixel_init']
   config.data.source = 'text'
   with pytest.raises(UserError, match='ordinal_pixel_init=True initializes'):
-    train.image_sides(config)
+    tasks.for_config(config).model_options(config)
+
+
+def test_celeba_config_output_prior_switch():
+  """configs/celeba_sr.py: no prior (the faithful model) unless `prior` (sigma 26, the bicubic enlargement's RMS
+  error on the train faces) or `prior=S` is given; it needs 2D positions and images."""
+  assert celeba_sr.get_config('cpu').model.output_prior_sigma == 0.0
+  assert 'output_prior_sigma' not in tasks.for_config(celeba_sr.get_config('cpu')).model_options(
+      celeba_sr.get_config('cpu'))
+  config = celeba_sr.get_config('cpu,prior')
+  assert tasks.for_config(config).model_options(config)['output_prior_sigma'] == 26.0
+  assert celeba_sr.get_config('cpu,prior=8').model.output_prior_sigma == 8.0
+  config.model.image_positions = False
+  with pytest.raises(UserError, match='output_prior_sigma=26.0 centres each output'):
+    tasks.for_config(config).model_options(config)
+  config.model.image_positions = True
+  config.data.source = 'text'
+  with pytest.raises(UserError, match='output_prior_sigma=26.0 centres each output'):
+    tasks.for_config(config).model_options(config)
