@@ -27,6 +27,7 @@ from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import model as model_lib
 from bpd import sharding
+from bpd import tasks
 from bpd import train
 from bpd.data import images
 from bpd.errors import UserError
@@ -58,7 +59,8 @@ def model_config_of(config) -> model_lib.ModelConfig:
   return model_lib.model_config(config.model.size, vocab_size=vocab,
                                 k=1 if config.train.regime == 'base' else config.k,
                                 dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
-                                attention_block=config.model.get('attention_block', 0), **train.image_sides(config))
+                                attention_block=config.model.get('attention_block', 0),
+                                **tasks.for_config(config).model_options(config))
 
 
 def preflight(config, devices) -> list[dict]:
