@@ -227,7 +227,7 @@ class Transformer(nn.Module):
     if self.config.output_prior_sigma:
       positions_BxT = jnp.broadcast_to(jnp.arange(tgt_in_BxT.shape[1]), tgt_in_BxT.shape)
       offsets_K = jnp.arange(self.config.k)
-      logits_BxTxKxV += self._prior(src_BxS, positions_BxT[..., None] + offsets_K)
+      logits_BxTxKxV += self._prior(self._guess(src_BxS), positions_BxT[..., None] + offsets_K)
     return logits_BxTxKxV
 
   def one_head_logits(self, src_BxS, tgt_in_BxT, head, deterministic=True):
@@ -239,7 +239,7 @@ class Transformer(nn.Module):
     enc = self.encode(src_BxS, deterministic)
     hidden_BxTxD = self.decode_hidden(enc, src_BxS, tgt_in_BxT, deterministic)
     positions_BxT = jnp.broadcast_to(jnp.arange(tgt_in_BxT.shape[1]), tgt_in_BxT.shape)
-    prior = self._prior(src_BxS, positions_BxT + head) if self.config.output_prior_sigma else 0.0
+    prior = self._prior(self._guess(src_BxS), positions_BxT + head) if self.config.output_prior_sigma else 0.0
     if self.config.k == 1:
       return self.logits(hidden_BxTxD) + prior
     # Head 1 is the decoder output itself; heads 2..k pass through their slice of the multi-output layer. The
@@ -247,18 +247,23 @@ class Transformer(nn.Module):
     proposal_BxTxD = self.multi_output.one_head(hidden_BxTxD, jnp.maximum(head - 1, 0))
     return self.logits(jnp.where(head == 0, hidden_BxTxD, proposal_BxTxD.astype(hidden_BxTxD.dtype))) + prior
 
-  def _prior(self, src_BxS, positions_Bx___):
+  def _prior(self, guess_BxP, positions_Bx___):
     """The output prior (config.output_prior_sigma) of the sub-pixels at target positions [B, ...]: [B, ..., V].
 
-    Target position p is the sub-pixel head 1 predicts at p (head i at p predicts p + i - 1). The guess
-    depends only on the source and the position, never on the outputs, so blockwise verification stays
-    exact. Positions past the image (blockwise scoring beyond max_len) are clipped to its last sub-pixel.
+    guess_BxP: the bicubic enlargement of each row's input, [B, side * side * 3] (layers.bicubic_guess; decoding
+    computes it once per image, in init_decode_state). Target position p is the sub-pixel head 1 predicts at p (head i at p
+    predicts p + i - 1). The guess depends only on the source and the position, never on the outputs, so
+    blockwise verification stays exact. Positions past the image (blockwise scoring beyond max_len) are clipped
+    to its last sub-pixel.
     """
     c = self.config
-    guess_BxP = layers.bicubic_guess(src_BxS, c.image_side, c.image_input_side)
     index = jnp.clip(positions_Bx___, 0, guess_BxP.shape[1] - 1).reshape(positions_Bx___.shape[0], -1)
     guess_Bx___ = jnp.take_along_axis(guess_BxP, index, axis=1).reshape(positions_Bx___.shape)
     return layers.intensity_prior(guess_Bx___, c.output_prior_sigma, c.vocab_size)
+
+  def _guess(self, src_BxS):
+    c = self.config
+    return layers.bicubic_guess(src_BxS, c.image_side, c.image_input_side)
 
   # -- decoding with the per-row cache ---------------------------------------------------------------------
 
@@ -269,8 +274,10 @@ class Transformer(nn.Module):
         'src_mask_BxS': src_BxS > 0,
         'layers': tuple(layer.init_cache(enc, cache_len) for layer in self.decoder_layers),
     }
-    if self.config.colocated_input or self.config.output_prior_sigma:
-      state['src_BxS'] = src_BxS  # score looks up the co-located input / output prior of each new position
+    if self.config.colocated_input:
+      state['src_BxS'] = src_BxS  # score looks up the co-located input sub-pixel of each new position
+    if self.config.output_prior_sigma:
+      state['guess_BxP'] = self._guess(src_BxS)  # once per image, not per call: the prior's centres
     return state
 
   def score(self, state, tokens_BxT, start_B, tree=None):
@@ -300,7 +307,7 @@ class Transformer(nn.Module):
       return self.logits(hidden_BxTxD), hidden_BxTxD, new_state
     # The output prior: head 1 at position p predicts p; heads 2..k from there predict p + 1 .. p + k - 1, whose
     # priors travel with the hidden state to `propose` (the decode loop treats `hidden` as an opaque pytree).
-    prior_BxTxKxV = self._prior(state['src_BxS'], positions_BxT[..., None] + jnp.arange(self.config.k))
+    prior_BxTxKxV = self._prior(state['guess_BxP'], positions_BxT[..., None] + jnp.arange(self.config.k))
     hidden = {'hidden_BxTxD': hidden_BxTxD, 'prior_BxTxKm1xV': prior_BxTxKxV[:, :, 1:]}
     return self.logits(hidden_BxTxD) + prior_BxTxKxV[:, :, 0], hidden, new_state
 
