@@ -23,6 +23,10 @@ default 26, around the bicubic enlargement of the input at the sub-pixel it pred
   python -m bpd.main --config=configs/celeba_sr.py:cpu --workdir=runs/sr/finetune --mode=decode
   python -m experiments.superres_study --config=configs/celeba_sr.py:cpu --workdir=runs/sr_study   # all stages
   python -m bpd.main --config=configs/celeba_sr.py:cpu,colocated --workdir=runs/sr_colocated/base    # not faithful
+  # The CPU model that beats nearest-neighbour enlargement (README, Super-resolution, "Table 2 on this CPU"):
+  python -m experiments.superres_study --config=configs/celeba_sr.py:cpu,prior,colocated --workdir=runs/sr_table2 \
+      --base_steps=3000 --head_steps=400 --ks=2,4,6,8,10 --batch_sizes=16,1 --max_examples=16 \
+      --batch1_examples=2 --config.train.input_noise=40 --config.decode.timing_repeats=1
 
 CPU variant (`cpu`): image_tiny (d=64, 1 encoder + 2 decoder layers, ff 256, 4 attention heads), local
 attention blocks of 128, batch 4 images (4 x 3072 target positions), 600 base steps (regime=base) and 150

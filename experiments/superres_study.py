@@ -191,7 +191,7 @@ def table2_markdown(rows) -> str:
   """The paper's Table 2 layout for one split and batch size: per row and k, our mean accepted block size and
   PSNR (dB), beside the paper's block size (the paper gives no PSNR per cell), and each model's greedy PSNR."""
   by_key = {(r['model'], r['criterion'], r['k']): r for r in rows}
-  ks = sorted({r['k'] for r in rows if r['criterion'] != 'greedy'})
+  ks = sorted({r['k'] for r in rows if r['criterion'] != 'greedy' and r['model'] != 'base'})  # the base has k = 1
   lines = ['| row | model greedy PSNR | ' + ' | '.join(f'k = {k} | paper' for k in ks) + ' |',
            '|---|---|' + '---|---|' * len(ks)]
   for name, (model, criterion) in TABLE2_ROWS.items():
