@@ -312,3 +312,35 @@ def test_study_skips_trained_stages_decodes_and_writes_table_and_grid(trained, t
   stamp = os.path.getmtime(os.path.join(root, 'frozen', 'decode_val', 'results.json'))
   superres_study.run_stages(config, root, plan)
   assert os.path.getmtime(os.path.join(root, 'frozen', 'decode_val', 'results.json')) == stamp
+
+
+def test_table2_layout_puts_each_cell_beside_the_papers():
+  """study_table2_*.md: the paper's four rows by k (no k = 1 column: the base's greedy is not a Table 2 cell),
+  ours as block / PSNR beside the paper's block, each model's greedy PSNR, and the enlargement baselines."""
+  common = dict(split='val', batch_size=16, examples=16, nearest_psnr=18.72, bicubic_psnr=20.3)
+  rows = [dict(common, model='base', criterion='greedy', k=1, quality=19.49, mean_accepted_block_size=1.0),
+          dict(common, model='base', criterion='exact', k=1, quality=19.49, mean_accepted_block_size=1.0)]
+  for model, greedy in (('frozen', 19.49), ('finetune', 19.56)):
+    rows.append(dict(common, model=model, criterion='greedy', k=1, quality=greedy, mean_accepted_block_size=1.0))
+    for k in (2, 10):
+      for criterion, block in (('exact', 1.2), ('distance:2', 1.5)):
+        rows.append(dict(common, model=model, criterion=criterion, k=k, quality=greedy + 0.01,
+                         mean_accepted_block_size=block + k / 10))
+  md = superres_study.table2_markdown(rows)
+  header = next(line for line in md.split('\n') if line.startswith('| row'))
+  assert header == '| row | model greedy PSNR | k = 2 | paper | k = 10 | paper |'
+  both = next(line for line in md.split('\n') if line.startswith('| Both'))
+  assert both == '| Both (finetune, distance:2) | 19.56 dB | 1.70 / 19.57 dB | 1.96 | 2.50 / 19.57 dB | 6.79 |'
+  regular = next(line for line in md.split('\n') if line.startswith('| Regular'))
+  assert regular == '| Regular (frozen, exact) | 19.49 dB | 1.40 / 19.50 dB | 1.07 | 2.20 / 19.50 dB | 1.10 |'
+  assert 'nearest enlargement 18.72 dB, bicubic enlargement 20.30 dB' in md
+
+
+def test_a_stage_stopped_early_stops_the_study(monkeypatch, tmp_path):
+  """A base that returns before its last step (SIGTERM: train saves and returns) must not be handed to the heads
+  or decoded: the study stops and says to rerun."""
+  calls = []
+  monkeypatch.setattr(superres_study.train, 'train_and_evaluate', lambda cfg, workdir: calls.append(workdir))
+  monkeypatch.setattr(superres_study, 'decode_one', lambda *a: calls.append('decode'))
+  superres_study.run_stages(tiny_config(str(tmp_path)), str(tmp_path), superres_study.Plan(base_steps=5))
+  assert calls == [os.path.join(str(tmp_path), 'base')]
