@@ -251,8 +251,8 @@ class Transformer(nn.Module):
     """The output prior (config.output_prior_sigma) of the sub-pixels at target positions [B, ...]: [B, ..., V].
 
     guess_BxP: the bicubic enlargement of each row's input, [B, side * side * 3] (layers.bicubic_guess; decoding
-    computes it once per image, in init_decode_state). Target position p is the sub-pixel head 1 predicts at p (head i at p
-    predicts p + i - 1). The guess depends only on the source and the position, never on the outputs, so
+    computes it once per image, in init_decode_state). Target position p is the sub-pixel head 1 predicts at p
+    (head i at p predicts p + i - 1). The guess depends only on the source and the position, never on the outputs, so
     blockwise verification stays exact. Positions past the image (blockwise scoring beyond max_len) are clipped
     to its last sub-pixel.
     """

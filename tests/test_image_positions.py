@@ -49,7 +49,8 @@ def test_image_sides_come_together():
 
 def test_celeba_config_turns_image_positions_on_and_text_ignores_the_flag():
   config = celeba_sr.get_config('runlocal')
-  assert tasks.for_config(config).model_options(config) == dict(image_side=32, image_input_side=8, colocated_input=False)
+  assert tasks.for_config(config).model_options(config) == dict(image_side=32, image_input_side=8,
+                                                                colocated_input=False)
   config.model.image_positions = False
   assert tasks.for_config(config).model_options(config) == {}
   config.model.image_positions = True
