@@ -121,9 +121,24 @@ def parse_criterion(spec: str, k: int | None = None) -> Criterion:
   return Criterion(kind=kind, top_k=top_k, eps=eps, min_block=min_block)
 
 
-def accept_mask(criterion: Criterion, proposals_BxN: jax.Array, logits_BxNxV: jax.Array) -> jax.Array:
-  """Whether each proposed token passes the check against head 1's logits at the position before it. [B, N]."""
-  best_BxN = jnp.argmax(logits_BxNxV, axis=-1)
+def argmax(logits_Bx___xV: jax.Array) -> jax.Array:
+  """jnp.argmax over the last axis (the first index of the maximum: ties go to the lower id), int32 [B, ...].
+
+  Taken as the top 1 of lax.top_k, which XLA's CPU backend runs 1.5-2.5x faster than argmax's (value, index)
+  pair reduction on [k, V] logits (experiments/profile_decode.py). Not as max-then-first-index-equal: two
+  reductions that XLA may fuse with two copies of the logits' computation, which can round differently (one
+  contracts a multiply-add, the other not), so that no entry equals "the" maximum. Every argmax of the decode
+  loops is taken here, greedy's too.
+  """
+  return jax.lax.top_k(logits_Bx___xV, 1)[1][..., 0].astype(jnp.int32)
+
+
+def accept_mask(criterion: Criterion, proposals_BxN: jax.Array, logits_BxNxV: jax.Array,
+                best_BxN: jax.Array | None = None) -> jax.Array:
+  """Whether each proposed token passes the check against head 1's logits at the position before it. [B, N].
+
+  best_BxN: argmax(logits_BxNxV) when the caller has it already (exact and distance need nothing else)."""
+  best_BxN = argmax(logits_BxNxV) if best_BxN is None else best_BxN
   if criterion.kind == 'exact':
     return proposals_BxN == best_BxN
   if criterion.kind == 'distance':
@@ -175,7 +190,7 @@ def greedy_body(score_fn: ScoreFn, *, eos_id: int):
     step, last_B, tokens_BxL, length_B, done_B, state = carry
     # Every row sits at position `step`: a scalar start, so the cache write is one slice, not a per-row scatter.
     logits_Bx1xV, _, state = score_fn(state, last_B[:, None], step)
-    next_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
+    next_B = argmax(logits_Bx1xV[:, 0])
     tokens_BxL = tokens_BxL.at[:, step].set(jnp.where(done_B, PAD_ID, next_B))
     length_B = length_B + (~done_B).astype(jnp.int32)
     done_B = done_B | (next_B == eos_id)
@@ -221,13 +236,13 @@ class BlockwiseResult:
   invocations: jax.Array       # int32 []; model calls for the whole batch (loop iterations + 1)
 
 
-def _proposals(logits_BxV, hidden_Bx___, propose_fn, k):
-  """ŷ_{j+1} from head 1, ŷ_{j+2..j+k} from heads 2..k, all at the last accepted position. [B, k]."""
-  head1_Bx1 = jnp.argmax(logits_BxV, axis=-1)[:, None]
+def _proposals(head1_B, hidden_Bx___, propose_fn, k):
+  """ŷ_{j+1} = head1_B (head 1's argmax), ŷ_{j+2..j+k} from heads 2..k, all at the last accepted position. [B, k]."""
+  head1_Bx1 = head1_B[:, None].astype(jnp.int32)
   if k == 1:
-    return head1_Bx1.astype(jnp.int32)
-  rest_BxKm1 = jnp.argmax(propose_fn(hidden_Bx___), axis=-1)
-  return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1).astype(jnp.int32)
+    return head1_Bx1
+  rest_BxKm1 = argmax(propose_fn(hidden_Bx___))
+  return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1)
 
 
 def blockwise_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
@@ -239,7 +254,8 @@ def blockwise_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batc
       model_state=state,
       tokens_BxL=jnp.zeros((B, max_len + k), jnp.int32),
       length_B=jnp.zeros((B,), jnp.int32),
-      proposals_BxK=_proposals(logits_Bx1xV[:, 0], _take_rows(hidden, jnp.zeros((B,), jnp.int32)), propose_fn, k),
+      proposals_BxK=_proposals(argmax(logits_Bx1xV[:, 0]), _take_rows(hidden, jnp.zeros((B,), jnp.int32)),
+                               propose_fn, k),
       done_B=jnp.zeros((B,), bool),
       iterations_B=jnp.zeros((B,), jnp.int32),
       block_counts_BxK=jnp.zeros((B, k), jnp.int32),
@@ -255,7 +271,9 @@ def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len:
     proposals_BxK = s.proposals_BxK
     # Verify: position j+i carries ŷ_{j+i}; its head-1 output scores ŷ_{j+i+1}.
     logits_BxKxV, hidden, model_state = score_fn(s.model_state, proposals_BxK, s.length_B + 1)
-    checks_BxKm1 = accept_mask(criterion, proposals_BxK[:, 1:], logits_BxKxV[:, :-1])
+    # One argmax over all k positions: the first k - 1 check proposals 2..k, the last accepted one is ŷ_{j+k̂+1}.
+    best_BxK = argmax(logits_BxKxV)
+    checks_BxKm1 = accept_mask(criterion, proposals_BxK[:, 1:], logits_BxKxV[:, :-1], best_BxK[:, :-1])
     k_hat_B = jnp.minimum(block_size(criterion, checks_BxKm1), k)
     # Stop at the first EOS inside the accepted block, and at max_len.
     eos_in_block_BxK = (proposals_BxK == eos_id) & (jnp.arange(k)[None, :] < k_hat_B[:, None])
@@ -270,7 +288,7 @@ def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len:
         s.tokens_BxL, proposals_BxK, jnp.minimum(s.length_B, max_len))
     length_B = s.length_B + k_hat_B
     last_B = jnp.maximum(k_hat_B - 1, 0)  # index in this block of the last accepted position, j + k̂
-    next_BxK = _proposals(logits_BxKxV[jnp.arange(B), last_B], _take_rows(hidden, last_B), propose_fn, k)
+    next_BxK = _proposals(best_BxK[jnp.arange(B), last_B], _take_rows(hidden, last_B), propose_fn, k)
     return DecodeState(
         model_state=model_state,
         tokens_BxL=tokens_BxL,
@@ -426,7 +444,7 @@ def _tree_nodes(logits_BxV, hidden_Bx___, propose_fn, layout, criterion):
     heads_BxDxV = jnp.concatenate([heads_BxDxV, propose_fn(hidden_Bx___)[:, :depth - 1]], axis=1)
   ranks = int(layout['rank_N'].max()) + 1
   if ranks == 1:
-    choices_BxDxR = jnp.argmax(heads_BxDxV, axis=-1)[..., None]
+    choices_BxDxR = argmax(heads_BxDxV)[..., None]
   else:
     choices_BxDxR = jax.lax.top_k(heads_BxDxV, ranks)[1]  # ties: the lower id first, as argmax breaks them
   nodes_BxN = choices_BxDxR[:, layout['depth_N'], layout['rank_N']].astype(jnp.int32)

@@ -127,25 +127,31 @@ def intensity_prior(guess_Bx___: jax.Array, sigma: float, vocab_size: int) -> ja
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype, heads_major=False) -> jax.Array:
   """Scaled dot-product attention; softmax in float32. Returns [B, T, H, K].
 
-  heads_major: keys and values come as [B, H, S, K] (the decoding caches' layout, `attend_cached`).
+  heads_major: the decoding caches' layout (`attend_cached`): keys come as [B, H, K, S], values as [B, H, S, K].
   """
-  kv = 'bhsk' if heads_major else 'bshk'
   depth = q_BxTxHxK.shape[-1]
-  logits_BxHxTxS = jnp.einsum(f'bthk,{kv}->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
+  keys = 'bhks' if heads_major else 'bshk'
+  logits_BxHxTxS = jnp.einsum(f'bthk,{keys}->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
   logits_BxHxTxS = logits_BxHxTxS / np.sqrt(depth).astype(np.float32)
   logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, NEG_INF)
   weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
-  return jnp.einsum(f'bhts,{kv}->bthk', weights_BxHxTxS, v_BxSxHxK)
+  if heads_major:
+    # Output heads-major, then transposed: written as one einsum to 'bthk', XLA's CPU backend computed the
+    # product as V^T W^T with the cache as the transposed operand, several times slower than the transpose of the
+    # small [B, H, T, K] result (experiments/profile_decode.py).
+    return jnp.swapaxes(jnp.einsum('bhts,bhsk->bhtk', weights_BxHxTxS, v_BxSxHxK), 1, 2)
+  return jnp.einsum('bhts,bshk->bthk', weights_BxHxTxS, v_BxSxHxK)
 
 
-def attend_cached(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Array:
-  """`attend` with keys and values stored heads-major, [B, H, S, K], as the decoding caches are.
+def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Array:
+  """`attend` with the decoding caches' layouts: keys [B, H, K, S], values [B, H, S, K]. Returns [B, T, H, K].
 
-  Why a second layout: with [B, S, H, K] caches XLA's CPU backend transposed every layer's whole key cache on
-  every decoding call to form the per-head products, 2.3 ms of a 18 ms greedy step at batch 32 (issue #12);
-  heads-major, each (b, h) product reads a contiguous [S, K] block. Returns [B, T, H, K].
+  Why other layouts than training's [B, S, H, K]: each (b, h) product should read its operand as a plain
+  row-major matrix, q [T, K] @ keys [K, S] and weights [T, S] @ values [S, K]. With [B, S, H, K] caches XLA's
+  CPU backend transposed every layer's whole key cache on every decoding call, and with keys [B, H, S, K] it
+  still copied each layer's key cache to [B, H, K, S] after writing the new keys (experiments/profile_decode.py).
   """
-  return attend(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dtype, heads_major=True)
+  return attend(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dtype, heads_major=True)
 
 
 def local_block_attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block: int, dtype) -> jax.Array:
@@ -229,13 +235,17 @@ def tree_self_mask(start_B: jax.Array, batch: int, cache_len: int, depth_N, ance
   return mask_BxNxL, key_positions_BxL
 
 
-def move_slots(cache_BxHxLxK: jax.Array, start_B: jax.Array, source_BxD: jax.Array) -> jax.Array:
-  """cache[b, :, start_B[b] + d] = cache[b, :, start_B[b] + source_BxD[b, d]] for every d (all read first).
+def move_slots(cache: jax.Array, start_B: jax.Array, source_BxD: jax.Array, axis: int) -> jax.Array:
+  """cache[b, ..., start_B[b] + d, ...] = cache[b, ..., start_B[b] + source_BxD[b, d], ...] along the slot axis
+  `axis`, for every d (all read first): [B, H, L, K] values (axis 2) or [B, H, K, L] keys (axis 3).
 
   Tree decoding: the accepted path's keys and values, written at their node slots, move to contiguous slots.
   """
-  index_Bx1xDx1 = (start_B[:, None] + source_BxD)[:, None, :, None]
-  return write_rows(cache_BxHxLxK, jnp.take_along_axis(cache_BxHxLxK, index_Bx1xDx1, axis=2), start_B, axis=2)
+  index_BxD = start_B[:, None] + source_BxD
+  shape = [1] * cache.ndim
+  shape[0], shape[axis] = index_BxD.shape
+  moved = jnp.take_along_axis(cache, index_BxD.reshape(shape), axis=axis)
+  return write_rows(cache, moved, start_B, axis=axis)
 
 
 class MultiHeadAttention(nn.Module):
@@ -267,9 +277,9 @@ class MultiHeadAttention(nn.Module):
     out_BxTxHxK = attend(self.query(x_BxTxD), k_BxSxHxK, v_BxSxHxK, mask_BxTxS, self.dtype)
     return self.dropout(self.out(out_BxTxHxK), deterministic=deterministic)
 
-  def attend_cache(self, x_BxTxD, k_BxHxSxK, v_BxHxSxK, mask_BxTxS):
-    """Attend from x to cached heads-major keys and values (decoding; see `attend_cached`). Returns [B, T, D]."""
-    return self.out(attend_cached(self.query(x_BxTxD), k_BxHxSxK, v_BxHxSxK, mask_BxTxS, self.dtype))
+  def attend_cache(self, x_BxTxD, k_BxHxKxS, v_BxHxSxK, mask_BxTxS):
+    """Attend from x to cached keys [B, H, K, S] and values [B, H, S, K] (decoding; `attend_cached`). [B, T, D]."""
+    return self.out(attend_cached(self.query(x_BxTxD), k_BxHxKxS, v_BxHxSxK, mask_BxTxS, self.dtype))
 
   def __call__(self, x_BxTxD, y_BxSxD, mask_BxTxS, deterministic=True):
     k_BxSxHxK, v_BxSxHxK = self.project_kv(y_BxSxD)
@@ -361,13 +371,16 @@ class DecoderLayer(nn.Module):
     return self.cross_attn.project_kv(enc_BxSxD)
 
   def init_cache(self, enc_BxSxD, cache_len: int):
-    """A zero self-attention cache of `cache_len` positions plus this layer's cross-attention keys/values, all
-    heads-major ([B, H, L or S, K], see `attend_cached`): the cross keys/values are transposed once here."""
+    """A zero self-attention cache of `cache_len` slots plus this layer's cross-attention keys/values, in the
+    layouts `attend_cached` reads (keys [B, H, K, L or S], values [B, H, L or S, K]): the cross keys and values,
+    which never change during a decode, are transposed once here."""
     batch = enc_BxSxD.shape[0]
     head_dim = self.d_model // self.num_heads
-    cross_k, cross_v = (jnp.swapaxes(x, 1, 2) for x in self.cross_kv(enc_BxSxD))
-    zeros = jnp.zeros((batch, self.num_heads, cache_len, head_dim), self.dtype)
-    return {'k_BxHxLxK': zeros, 'v_BxHxLxK': zeros, 'cross_k_BxHxSxK': cross_k, 'cross_v_BxHxSxK': cross_v}
+    cross_k_BxSxHxK, cross_v_BxSxHxK = self.cross_kv(enc_BxSxD)
+    return {'k_BxHxKxL': jnp.zeros((batch, self.num_heads, head_dim, cache_len), self.dtype),
+            'v_BxHxLxK': jnp.zeros((batch, self.num_heads, cache_len, head_dim), self.dtype),
+            'cross_k_BxHxKxS': jnp.transpose(cross_k_BxSxHxK, (0, 2, 3, 1)),
+            'cross_v_BxHxSxK': jnp.swapaxes(cross_v_BxSxHxK, 1, 2)}
 
   def extend(self, x_BxTxD, cache, start_B, cross_mask_BxTxS, tree=None):
     """Run T new positions per row, at positions start_B[b] .. start_B[b] + T - 1. Returns (y_BxTxD, cache).
@@ -377,9 +390,9 @@ class DecoderLayer(nn.Module):
     """
     h = self.ln_self(x_BxTxD)
     k_new_BxTxHxK, v_new_BxTxHxK = self.self_attn.project_kv(h)
-    k_BxHxLxK = write_rows(cache['k_BxHxLxK'], jnp.swapaxes(k_new_BxTxHxK, 1, 2), start_B, axis=2)
+    k_BxHxKxL = write_rows(cache['k_BxHxKxL'], jnp.transpose(k_new_BxTxHxK, (0, 2, 3, 1)), start_B, axis=3)
     v_BxHxLxK = write_rows(cache['v_BxHxLxK'], jnp.swapaxes(v_new_BxTxHxK, 1, 2), start_B, axis=2)
-    batch, num_new, cache_len = x_BxTxD.shape[0], x_BxTxD.shape[1], k_BxHxLxK.shape[2]
+    batch, num_new, cache_len = x_BxTxD.shape[0], x_BxTxD.shape[1], v_BxHxLxK.shape[2]
     if tree is None:
       query_pos_BxT = query_positions(start_B, batch, num_new)
       # A query sees cached positions up to its own; later slots (stale or empty) are masked.
@@ -393,12 +406,12 @@ class DecoderLayer(nn.Module):
       # `local_block_attend` gives in training. The cache stays full-length; this mask makes the paths equal.
       key_block_BxL = key_pos_BxL // self.attention_block
       self_mask_BxTxL &= key_block_BxL[:, None, :] >= (query_pos_BxT // self.attention_block - 1)[:, :, None]
-    x_BxTxD = x_BxTxD + self.self_attn.attend_cache(h, k_BxHxLxK, v_BxHxLxK, self_mask_BxTxL)
+    x_BxTxD = x_BxTxD + self.self_attn.attend_cache(h, k_BxHxKxL, v_BxHxLxK, self_mask_BxTxL)
     h = self.ln_cross(x_BxTxD)
-    x_BxTxD = x_BxTxD + self.cross_attn.attend_cache(h, cache['cross_k_BxHxSxK'], cache['cross_v_BxHxSxK'],
+    x_BxTxD = x_BxTxD + self.cross_attn.attend_cache(h, cache['cross_k_BxHxKxS'], cache['cross_v_BxHxSxK'],
                                                        cross_mask_BxTxS)
     x_BxTxD = x_BxTxD + self.ff(self.ln_ff(x_BxTxD))
-    new_cache = dict(cache, k_BxHxLxK=k_BxHxLxK, v_BxHxLxK=v_BxHxLxK)
+    new_cache = dict(cache, k_BxHxKxL=k_BxHxKxL, v_BxHxLxK=v_BxHxLxK)
     return x_BxTxD, new_cache
 
 

@@ -374,8 +374,8 @@ def move_cache(state, start_B, source_BxD):
   source_BxD[b, d] moves to slot start_B[b] + d: the accepted path of the tree, made contiguous. The keys and
   values move unchanged: each node was computed at its path position (start + depth) seeing only its
   ancestors, exactly what the chain would have computed there. Needs no parameters."""
-  moved = tuple(dict(cache, k_BxHxLxK=layers.move_slots(cache['k_BxHxLxK'], start_B, source_BxD),
-                     v_BxHxLxK=layers.move_slots(cache['v_BxHxLxK'], start_B, source_BxD))
+  moved = tuple(dict(cache, k_BxHxKxL=layers.move_slots(cache['k_BxHxKxL'], start_B, source_BxD, axis=3),
+                     v_BxHxLxK=layers.move_slots(cache['v_BxHxLxK'], start_B, source_BxD, axis=2))
                 for cache in state['layers'])
   return dict(state, layers=moved)
 
