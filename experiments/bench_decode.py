@@ -340,4 +340,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(lambda argv: errors.exit_on_user_error(main, argv))
+  app.run(lambda argv: errors.exit_on_user_error(main, argv), flags_parser=errors.parse_flags)

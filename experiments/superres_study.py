@@ -25,7 +25,6 @@ import os
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 import numpy as np
 
 from bpd import checkpoint
@@ -42,7 +41,7 @@ from configs import common
 # Flags exist only when this file runs as a script: importing it (tests, another study script) defines none,
 # so two study scripts can be imported together.
 if __name__ == '__main__':
-  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/celeba_sr.py:cpu', 'The study config.')
+  _CONFIG = errors.define_config_file('config', 'configs/celeba_sr.py:cpu', 'The study config.')
   _WORKDIR = flags.DEFINE_string('workdir', 'runs/sr_study', 'Root folder of the study.')
   _STAGES = flags.DEFINE_list('stages', ['base', 'heads', 'decode', 'table'], 'Stages to run.')
   _REGIMES = flags.DEFINE_list('regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
@@ -213,7 +212,7 @@ def table2_markdown(rows) -> str:
 def write_grid(config, root, plan, split, batch_size, examples):
   """W/study_<split>_grid.png: input 8x8, ground truth, then every model's greedy and blockwise outputs on
   the first images that were decoded at `batch_size` (`examples` of them)."""
-  n = min(config.decode.get('grid_examples', 8), examples)
+  n = min(config.decode.grid_examples, examples)
   lowres_Nx8x8x3, highres_Nx32x32x3 = pipeline.load_image_split(config.data, split, n)
   n = len(highres_Nx32x32x3)
   rows, labels = [lowres_Nx8x8x3, highres_Nx32x32x3], ['input 8x8', 'ground truth']
@@ -242,4 +241,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=errors.parse_flags)

@@ -27,7 +27,6 @@ import os
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from bpd import checkpoint
 from bpd import distill
@@ -43,7 +42,7 @@ from configs import common
 # Flags exist only when this file runs as a script: importing it (tests, another study script) defines none,
 # so two study scripts can be imported together.
 if __name__ == '__main__':
-  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_ende.py', 'The study config.')
+  _CONFIG = errors.define_config_file('config', 'configs/multi30k_ende.py', 'The study config.')
   _WORKDIR = flags.DEFINE_string('workdir', 'runs/m30k_study', 'Root folder of the study.')
   _STAGES = flags.DEFINE_list('stages', ['base', 'distill', 'heads', 'decode', 'table'], 'Stages to run.')
   _REGIMES = flags.DEFINE_list('grid_regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
@@ -338,4 +337,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=errors.parse_flags)
