@@ -32,7 +32,7 @@ def distill(config, workdir: str) -> str:
   checks.check_distill(config, workdir)
   data = config.data.copy_and_resolve_references()
   data.distilled_from = ''
-  mesh = sharding.make_mesh(config.get('model_axis_size', 1))
+  mesh = sharding.make_mesh(config.model_axis_size)
   model_config, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
   decoder = evaluate.Decoder(model_lib.Transformer(model_config), config.distill.max_len, mesh)

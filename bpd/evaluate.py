@@ -169,7 +169,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
   sweep = checks.check_decode(config, workdir, model_config.k)
   task.check_decode(config)
   tree_sweep = checks.check_trees(config, workdir, model_config.k)
-  mesh = sharding.make_mesh(config.get('model_axis_size', 1))
+  mesh = sharding.make_mesh(config.model_axis_size)
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = task.tokenizer_for_decoding(workdir)
   decoder = Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh, eos_id=task.eos_id)
@@ -183,12 +183,12 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
     for i, batch_size in enumerate(config.decode.batch_sizes):
       # Batch 1 is where the speedup is measured, and one example at a time is slow (a 3072-step image): it
       # may decode only the first few examples (quality is then read at the larger batch sizes).
-      n = config.decode.get('batch1_examples', 0) if batch_size == 1 else 0
+      n = config.decode.batch1_examples if batch_size == 1 else 0
       batch_size = sharding.decode_batch_size(batch_size, mesh)
       split_records, outputs_by_name = decode_split(
           task, decoder, params, tokenizer, split, src_ids[:n or None], references[:n or None],
           inputs[:n or None], sweep, batch_size, out_dir, model_config.k, step, config.decode.timing_examples,
-          config.decode.timing_repeats, config.decode.get('temperature', 0.0), config.decode.get('seed', 0), tree_sweep)
+          config.decode.timing_repeats, config.decode.temperature, config.decode.seed, tree_sweep)
       records += split_records
       if jax.process_index() == 0:
         report.write(records, out_dir, task.columns)  # after every batch size: an interrupted sweep keeps it
@@ -197,7 +197,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
         if not grid_written and (not n or i == len(config.decode.batch_sizes) - 1):
           grid_written = True
           task.write_grid(os.path.join(out_dir, f'{split}.grid.png'), inputs[:n or None], references[:n or None],
-                          outputs_by_name, config.decode.get('grid_examples', 8))
+                          outputs_by_name, config.decode.grid_examples)
   if jax.process_index() == 0:
     print(report.markdown_table(records, task.columns))
   return records
