@@ -28,6 +28,7 @@ from absl import logging
 import numpy as np
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import errors
 from bpd import evaluate
 from bpd import evaluate_images
@@ -146,7 +147,7 @@ def decode_one(config, name, workdir, split, plan):
                                    'decode.batch1_examples': plan.batch1_examples})
   logging.info('Stage decode: %s on %s', name, split)
   evaluate.decode_sweep(cfg, workdir)
-  os.replace(os.path.join(workdir, evaluate.DECODE_DIR), out)
+  os.replace(os.path.join(workdir, decoder_lib.DECODE_DIR), out)
 
 
 def write_table(config, root, plan):
@@ -226,7 +227,7 @@ def write_grid(config, root, plan, split, batch_size, examples):
       if (r['batch_size'] != batch_size or (name == 'base' and not greedy)
           or (greedy and name == 'frozen' and 'base' in decoded)):
         continue
-      setting = 'greedy' if greedy else evaluate.setting_name(r['k'], r['criterion'])
+      setting = 'greedy' if greedy else decoder_lib.setting_name(r['k'], r['criterion'])
       outputs = np.load(os.path.join(folder, f'{split}.{setting}.b{batch_size}.npy'))[:n]
       if len(outputs) == n:
         rows.append(outputs)

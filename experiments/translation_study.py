@@ -29,6 +29,7 @@ from absl import flags
 from absl import logging
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import distill
 from bpd import errors
 from bpd import evaluate
@@ -247,7 +248,7 @@ def decode_one(config, name, workdir, split, plan):
       continue
     logging.info('Stage decode: %s on %s at batch %d', name, split_name, batch_size)
     evaluate.decode_sweep(cfg, workdir)
-    os.replace(os.path.join(workdir, evaluate.DECODE_DIR), out)
+    os.replace(os.path.join(workdir, decoder_lib.DECODE_DIR), out)
 
 
 # Stern et al. 2018, Table 1 (WMT14 En->De newstest2013, BLEU / mean accepted block; DESIGN §2), by column and k.

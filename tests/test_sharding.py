@@ -20,8 +20,8 @@ import optax
 import pytest
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import decoding
-from bpd import evaluate
 from bpd import model as model_lib
 from bpd import sharding
 from bpd import train
@@ -125,13 +125,13 @@ def _worker_decoding_agrees():
   # tie between two tokens may go the other way.
   for name in ('1', '8'):
     mesh = meshes[name]
-    decoder = evaluate.Decoder(model, max_len=16, mesh=mesh)
+    decoder = decoder_lib.Decoder(model, max_len=16, mesh=mesh)
     placed = sharding.place_state(params, mesh)
     batch_size = sharding.decode_batch_size(12, mesh)  # 16 on 8 devices: 21 rows -> 2 batches, 11 padding
     assert batch_size == (12 if name == '1' else 16)
-    greedy, _ = evaluate.run_batches(lambda src: decoder.greedy(placed, src)[0], src_ids, batch_size)
+    greedy, _ = decoder_lib.run_batches(lambda src: decoder.greedy(placed, src)[0], src_ids, batch_size)
     exact = decoding.Criterion()
-    block, _ = evaluate.run_batches(lambda src: decoder.blockwise(placed, src, k=3, criterion=exact), src_ids,
+    block, _ = decoder_lib.run_batches(lambda src: decoder.blockwise(placed, src, k=3, criterion=exact), src_ids,
                                     batch_size)
     outputs[name] = (np.stack(greedy), np.stack([o.tokens_BxL for o in block]))
   np.testing.assert_array_equal(outputs['8'][0], outputs['1'][0])
