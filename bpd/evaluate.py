@@ -169,7 +169,7 @@ def decode_sweep(config, workdir: str) -> list[dict]:
   precision = checks.check_matmul_precision(config)
   # '' -> None: the backend's default. On GPUs and TPUs the default float32 matmul may round through TF32 /
   # bfloat16 passes; results then depend on the shapes of the call (batch size, tokens per call) by more than
-  # float32 rounding, argmax near-ties flip, and `exact` rows stop matching greedy (README, Super-resolution).
+  # float32 rounding, argmax near-ties flip, and `exact` rows stop matching greedy (docs/results/gpu.md).
   # 'highest' asks for full float32.
   with jax.default_matmul_precision(precision or None):
     return _decode_sweep(config, workdir)

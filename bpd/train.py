@@ -93,7 +93,7 @@ def noisy_pixel_inputs(tgt_in_BxT, rng, std: float):
 
   Not in the paper. Under teacher forcing the previous sub-pixel predicts the next one far better than the 8x8
   input does, so a small model learns to copy its input token; greedy decoding then follows its own outputs
-  away from the input (one intensity over a whole face: README, Super-resolution). Noisy inputs make the clean
+  away from the input (one intensity over a whole face: docs/results/table2_celeba.md). Noisy inputs make the clean
   co-located input (model.colocated_input) and the input image worth reading: the model learns to correct its
   prefix towards them, which is what it must do on its own outputs at decoding time.
   """

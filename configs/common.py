@@ -15,8 +15,8 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   model.colocated_input  images (with image_positions): add the co-located input sub-pixel's embedding to each
                        decoder position (a deviation from the paper; bpd/model.py Transformer._colocated).
   model.output_prior_sigma  images: > 0 adds to every head's logits a Gaussian log-prior of this width (intensity
-                       levels) around the bicubic enlargement of the input (not in the paper; README, "Output
-                       prior"). 0 = off.
+                       levels) around the bicubic enlargement of the input. 0 = off. Not in the paper:
+                       README, "Output prior".
   model.ordinal_pixel_init  images: initialize the 256 intensity embeddings as sinusoids of the intensity, so that
                        nearby intensities start out alike (not in the paper; layers.ordinal_pixel_embedding_init).
   data.source          synthetic | text | tfds (translation) | images (CelebA 8x8 -> 32x32).

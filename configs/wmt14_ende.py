@@ -1,6 +1,6 @@
 """WMT14 En->De, the paper's setting (§6): Transformer base (or big) on TFDS wmt14_translate/de-en.
 
-For accelerators (TPU pods, GPUs); see the README's TPU pod recipe. Needs the TFDS data prepared in the
+For accelerators (TPU pods, GPUs); docs/scale_out.md has the TPU pod recipe. Needs the TFDS data prepared in the
 array_record format (`tfds build wmt14_translate/de-en --file_format=array_record --data_dir=DIR`) and
 --config.data.tfds_data_dir=DIR.
   python -m bpd.main --config=configs/wmt14_ende.py:regime=base --workdir=runs/wmt_base

@@ -11,7 +11,7 @@ interrupted demo resumes):
 Prints the table and the base-vs-fine-tuned BLEU on the same sentences; plots are in runs/demo/k4/decode/,
 among them acceptance_vs_steps.png (agreement with greedy and the exact block size during stage 2).
 
-The head-training recipe (measured on this corpus; README "Demo results"): fresh heads at a high peak rate
+The head-training recipe (measured on this corpus: docs/results/demo.md): fresh heads at a high peak rate
 (train.head_learning_rate) and the trained base at a low one, with head 1 weighted in the loss
 (train.head1_weight), so that the base learns to carry the next tokens for the heads without losing its own
 next-token quality.
