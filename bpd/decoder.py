@@ -28,9 +28,10 @@ def cache_len(max_len: int, block: int = 0) -> int:
 
   One token at a time (greedy, sampling, beam search: block = 0), a call feeds the newest token into its own slot,
   below max_len. Blockwise (block = k) and tree decoding (block = N nodes) feed a whole block after the accepted
-  prefix, so the last call, from a prefix just short of max_len, writes up to `block` slots past it. Plus one
-  spare slot. Every decoder takes its cache length from here: too short a cache corrupts outputs silently
-  (dynamic_update_slice clamps a start that would run past the end), see check_cache_len.
+  prefix (from slot length + 1), and a row that is done, at length max_len, is still scored with the batch: up to
+  max_len + block + 1 slots (bpd/decoding.py asks for as many). Every decoder takes its cache length from here:
+  too short a cache corrupts outputs silently (dynamic_update_slice clamps a start that would run past the end),
+  see check_cache_len.
   """
   return max_len + block + 1
 
@@ -38,11 +39,10 @@ def cache_len(max_len: int, block: int = 0) -> int:
 def check_cache_len(state, max_len: int, block: int = 0) -> None:
   """Raises ValueError if the decoder state's self-attention cache is shorter than decoding max_len tokens with
   blocks of `block` needs (cache_len). Reads static shapes only: free inside jit."""
-  slots = min(layer['k_BxHxLxK'].shape[2] for layer in state['layers'])
-  if slots < max_len + block:
+  slots, needed = min(layer['k_BxHxLxK'].shape[2] for layer in state['layers']), cache_len(max_len, block)
+  if slots < needed:
     raise ValueError(f'The decoder cache has {slots} slots; decoding max_len={max_len} tokens in blocks of {block} '
-                     f'writes up to {max_len + block} (use decoder.cache_len(max_len, block) = '
-                     f'{cache_len(max_len, block)}).')
+                     f'needs {needed} (decoder.cache_len(max_len, block)).')
 
 
 class Decoder:

@@ -17,7 +17,7 @@ def tiny():
 
 def test_cache_len_leaves_room_for_the_last_block():
   assert decoder_lib.cache_len(10) == 11  # one token at a time: slots 0..9, one spare
-  assert decoder_lib.cache_len(10, block=4) == 15  # blockwise: the last block may start at slot 10
+  assert decoder_lib.cache_len(10, block=4) == 15  # blockwise: a done row's block starts at slot 11
 
 
 def test_a_cache_too_short_for_the_blocks_is_refused_naming_the_lengths(tiny):
@@ -26,8 +26,10 @@ def test_a_cache_too_short_for_the_blocks_is_refused_naming_the_lengths(tiny):
   src_BxS = np.array([[5, 6, 7, 0]], np.int32)
   decoder_lib.check_cache_len(init_state(src_BxS, decoder_lib.cache_len(8, block=4)), 8, block=4)
   short = init_state(src_BxS, decoder_lib.cache_len(8))  # a greedy cache used for blocks of 4
-  with pytest.raises(ValueError, match=r'9 slots; decoding max_len=8 tokens in blocks of 4 writes up to 12'):
+  with pytest.raises(ValueError, match=r'9 slots; decoding max_len=8 tokens in blocks of 4 needs 13'):
     decoder_lib.check_cache_len(short, 8, block=4)
+  with pytest.raises(ValueError, match='12 slots'):  # one short: a done row's block would be clamped
+    decoder_lib.check_cache_len(init_state(src_BxS, decoder_lib.cache_len(8, block=4) - 1), 8, block=4)
 
 
 def test_every_decoder_method_gets_a_long_enough_cache(tiny):
