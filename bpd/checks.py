@@ -50,10 +50,10 @@ def check_train(config, workdir: str) -> None:
     raise UserError(f'config.train.regime={tc.regime!r} is not one of {REGIMES}.')
   if tc.head_loss not in HEAD_LOSSES:
     raise UserError(f'config.train.head_loss={tc.head_loss!r} is not one of {HEAD_LOSSES}.')
-  if tc.get('head_learning_rate', 0.0) < 0:
+  if tc.head_learning_rate < 0:
     raise UserError(f'config.train.head_learning_rate={tc.head_learning_rate} must be >= 0 (0: the heads use '
                     'config.train.learning_rate).')
-  noise = tc.get('input_noise', 0.0)
+  noise = tc.input_noise
   if noise < 0 or (noise > 0 and config.data.source != 'images'):
     raise UserError(f'config.train.input_noise={noise}: the std of the noise on the decoder\'s input pixels, in '
                     'intensity levels: >= 0, and 0 unless config.data.source=images.')
@@ -102,7 +102,7 @@ MATMUL_PRECISIONS = ('', 'default', 'high', 'highest')  # '' and three of jax.de
 
 def check_matmul_precision(config) -> str:
   """config.decode.matmul_precision, checked."""
-  precision = config.decode.get('matmul_precision', '')
+  precision = config.decode.matmul_precision
   if precision not in MATMUL_PRECISIONS:
     raise UserError(f'config.decode.matmul_precision={precision!r}: choose one of {MATMUL_PRECISIONS} '
                     "('' keeps the backend's default; 'highest' is full float32).")
@@ -125,14 +125,14 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
       raise UserError(f'config.decode.{field}={tuple(dc[field])}: batch sizes must be at least 1.')
   if dc.max_len < 1:
     raise UserError(f'config.decode.max_len={dc.max_len} must be at least 1.')
-  if dc.get('max_src_len', 1) < 1:
+  if dc.max_src_len < 1:
     raise UserError(f'config.decode.max_src_len={dc.max_src_len} must be at least 1 (longer sources are cut).')
-  if dc.get('timing_repeats', 1) < 1 or dc.get('timing_examples', 0) < 0:
+  if dc.timing_repeats < 1 or dc.timing_examples < 0:
     raise UserError(f'config.decode.timing_repeats={dc.timing_repeats} must be >= 1 and '
                     f'config.decode.timing_examples={dc.timing_examples} >= 0 (0 = time every example).')
-  if dc.get('batch1_examples', 0) < 0:
+  if dc.batch1_examples < 0:
     raise UserError(f'config.decode.batch1_examples={dc.batch1_examples} must be >= 0 (0 = every example).')
-  temperature = dc.get('temperature', 0.0)
+  temperature = dc.temperature
   if temperature < 0:
     raise UserError(f'config.decode.temperature={temperature} must be >= 0 (0: no sampling; 1: the model\'s own '
                     'distribution; below 1 sharper).')
@@ -155,7 +155,7 @@ def check_trees(config, workdir: str, model_k: int) -> list[tuple[str, tuple | N
   (bpd/trees.py; topology None for 'chain', decoded by blockwise); UserError for a bad spec, for a missing
   WORKDIR/trees.json, for images or for a plain model, before anything compiles. Criteria whose min_block the
   tree cannot force (it lacks the rank-0 path of that length) are left out, logged."""
-  specs = tuple(config.decode.get('trees', ()))
+  specs = tuple(config.decode.trees)
   if not specs:
     return []
   if config.data.source == 'images':

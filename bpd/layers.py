@@ -452,7 +452,7 @@ class MultiOutput(nn.Module):
     x = hidden_Bx___xD.astype(self.dtype)
     # Head axis first, as the batch axis of two batched matmuls ([n, M, d] @ [n, d, f], then @ [n, f, d]): written
     # as '...d,ndf->...nf' XLA's CPU backend transposed the whole [n, d, f] kernel to [d, n, f] on every call,
-    # reading and writing 7.3 MB more per decoding iteration at k = 8 (issue #12). Broadcasting x costs n·M·d.
+    # reading and writing megabytes more per decoding iteration. Broadcasting x costs n·M·d.
     x_Nx___xD = jnp.broadcast_to(x, (used,) + x.shape)
     unsqueeze = lambda b_NxE: b_NxE[:used].reshape((used,) + (1,) * (x.ndim - 1) + b_NxE.shape[-1:])
     h_Nx___xF = nn.relu(jnp.einsum('n...d,ndf->n...f', x_Nx___xD, self.wi_kernel[:used].astype(self.dtype))

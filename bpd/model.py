@@ -69,7 +69,7 @@ class ModelConfig:
   image_input_side: int = 0
   # Hidden width of each proposal head in the multi-output layer (paper §4: d_ff); 0 = d_ff, so model.json files
   # written before this field load unchanged. Decoding reads all (k-1)·2·d·head_hidden of these weights every
-  # iteration: 14.7 MB at k = 8, d = 256, d_ff = 1024, as much as the rest of the decoder (issue #12).
+  # iteration: at head_hidden = d_ff about as much as the rest of the decoder (docs/results/benchmark.md).
   head_hidden: int = 0
   # Images: add the embedding of the co-located input sub-pixel to each decoder position's input (see
   # layers.colocated_source_index and Transformer._colocated). A DEVIATION from the paper and from the Image
@@ -343,7 +343,7 @@ def first_heads(model: Transformer, params: Any, num_heads: int) -> tuple[Transf
 
   The first k' heads of a k-head model are a k'-head model (layers.MultiOutput). decode_fns slices their weights
   here, once per decode (inside the jitted function, outside its loop): sliced inside the layer, XLA's CPU backend
-  copied the kept [k'-1, d, d_ff] kernels on every iteration (issue #12).
+  copied the kept [k'-1, d, d_ff] kernels on every iteration.
   """
   if not 1 <= num_heads <= model.config.k:
     raise UserError(f'Cannot decode with {num_heads} heads: the model has k={model.config.k}; '
@@ -361,7 +361,7 @@ def params_in_compute_dtype(params: Any, dtype: str) -> Any:
 
   Training keeps float32 parameters and each layer casts its weights to `dtype` when it runs. Inside a decoding
   loop that cast runs on every step, and the step reads the float32 weights: compiled for TPU v5e, a `base` model
-  in bfloat16 read about 573 MB per greedy step at batch 1, several times its bfloat16 weights (issue #12). Cast
+  in bfloat16 read several times its bfloat16 weights per greedy step at batch 1. Cast
   here, outside the loop, the loop reads the weights in the compute dtype. float32 models are returned unchanged.
   """
   if jnp.dtype(dtype) == jnp.float32:
