@@ -31,6 +31,11 @@ Output convention (all three decoders): tokens [B, max_len], the n-th token at i
 Definitions (DESIGN §2; Stern et al. 2018, §3-§4):
   mean accepted block size = tokens produced (EOS included, padding excluded) / decoding iterations,
       both summed over rows (and over the evaluation set by the caller).
+  An iteration produces its accepted block k̂ and, when the scoring model's next token ends the row (EOS, or
+      the max_len-th token), that token too: the verification call already computed it (head 1 at the last
+      accepted position), and it would be accepted unverified, so a further call to accept it alone would be
+      wasted. Block sizes then run 1..k+1. A row whose first token ends it is produced by the initial call
+      alone, with no iteration.
   model invocations = iterations + 1: the combined scoring-and-proposal step verifies block n and
       proposes block n + 1 in one call; one more call at the start proposes the first block.
 """
@@ -223,7 +228,7 @@ class DecodeState:
   proposals_BxK: jax.Array    # int32 [B, k]; ŷ_{j+1} .. ŷ_{j+k} for the next iteration
   done_B: jax.Array           # bool [B]; EOS accepted or max_len reached
   iterations_B: jax.Array     # int32 [B]; iterations in which row b was still decoding
-  block_counts_BxK: jax.Array  # int32 [B, k]; [b, n-1] = iterations of row b that accepted n tokens
+  block_counts_BxK: jax.Array  # int32 [B, k + 1]; [b, n-1] = iterations of row b that produced n tokens
   step: jax.Array             # int32 []; loop iterations (= model invocations - 1)
 
 
@@ -232,7 +237,7 @@ class BlockwiseResult:
   tokens_BxL: jax.Array        # int32 [B, max_len]
   length_B: jax.Array          # int32 [B]; tokens produced, EOS included
   iterations_B: jax.Array      # int32 [B]
-  block_counts_BxK: jax.Array  # int32 [B, k]; histogram of accepted block sizes 1..k
+  block_counts_BxK: jax.Array  # int32 [B, k + 1]; histogram of the tokens produced per iteration, 1..k+1
   invocations: jax.Array       # int32 []; model calls for the whole batch (loop iterations + 1)
 
 
@@ -245,20 +250,38 @@ def _proposals(head1_B, hidden_Bx___, propose_fn, k):
   return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1)
 
 
+def _end_with_next_token(tokens_BxL, length_B, done_B, next_B, *, eos_id: int, max_len: int):
+  """Appends the scoring model's next token next_B (head 1's argmax after the accepted prefix) where it ends the
+  row: it is EOS, or the max_len-th token. The next iteration would accept it unverified (ŷ_{j+1} always passes)
+  and nothing else, a model call for nothing. Returns (tokens_BxL, length_B, done_B, ended_B).
+
+  Writing next_B at length_B in the other rows too is harmless: the next iteration writes its proposals from there,
+  the first of which is next_B; finished rows are masked past their length at the end.
+  """
+  ended_B = ~done_B & ((next_B == eos_id) | (length_B + 1 >= max_len))
+  tokens_BxL = tokens_BxL.at[jnp.arange(length_B.shape[0]), length_B].set(next_B)
+  return tokens_BxL, length_B + ended_B.astype(jnp.int32), done_B | ended_B, ended_B
+
+
 def blockwise_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
-                   bos_id: int) -> DecodeState:
+                   bos_id: int, eos_id: int) -> DecodeState:
   """The first model invocation (it only proposes ŷ_1..ŷ_k from BOS) and the loop's initial DecodeState."""
   B = batch_size
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
+  proposals_BxK = _proposals(argmax(logits_Bx1xV[:, 0]), _take_rows(hidden, jnp.zeros((B,), jnp.int32)),
+                             propose_fn, k)
+  # A row whose first token is EOS (or max_len = 1) is done with this call.
+  tokens_BxL, length_B, done_B, _ = _end_with_next_token(
+      jnp.zeros((B, max_len + k), jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool),
+      proposals_BxK[:, 0], eos_id=eos_id, max_len=max_len)
   return DecodeState(
       model_state=state,
-      tokens_BxL=jnp.zeros((B, max_len + k), jnp.int32),
-      length_B=jnp.zeros((B,), jnp.int32),
-      proposals_BxK=_proposals(argmax(logits_Bx1xV[:, 0]), _take_rows(hidden, jnp.zeros((B,), jnp.int32)),
-                               propose_fn, k),
-      done_B=jnp.zeros((B,), bool),
+      tokens_BxL=tokens_BxL,
+      length_B=length_B,
+      proposals_BxK=proposals_BxK,
+      done_B=done_B,
       iterations_B=jnp.zeros((B,), jnp.int32),
-      block_counts_BxK=jnp.zeros((B, k), jnp.int32),
+      block_counts_BxK=jnp.zeros((B, k + 1), jnp.int32),
       step=jnp.int32(0))
 
 
@@ -289,15 +312,19 @@ def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len:
     length_B = s.length_B + k_hat_B
     last_B = jnp.maximum(k_hat_B - 1, 0)  # index in this block of the last accepted position, j + k̂
     next_BxK = _proposals(best_BxK[jnp.arange(B), last_B], _take_rows(hidden, last_B), propose_fn, k)
+    tokens_BxL, length_B, done_B, ended_B = _end_with_next_token(
+        tokens_BxL, length_B, s.done_B | has_eos_B | (length_B >= max_len), next_BxK[:, 0], eos_id=eos_id,
+        max_len=max_len)
+    produced_B = k_hat_B + ended_B.astype(jnp.int32)
     return DecodeState(
         model_state=model_state,
         tokens_BxL=tokens_BxL,
         length_B=length_B,
         proposals_BxK=next_BxK,
-        done_B=s.done_B | has_eos_B | (length_B >= max_len),
+        done_B=done_B,
         iterations_B=s.iterations_B + active_B.astype(jnp.int32),
         block_counts_BxK=s.block_counts_BxK + (
-            active_B[:, None] & (jnp.arange(1, k + 1)[None, :] == k_hat_B[:, None])).astype(jnp.int32),
+            active_B[:, None] & (jnp.arange(1, k + 2)[None, :] == produced_B[:, None])).astype(jnp.int32),
         step=s.step + 1)
   return body
 
@@ -317,7 +344,8 @@ def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_siz
   def cond(s: DecodeState):
     return (s.step < max_len) & ~jnp.all(s.done_B)
 
-  first = blockwise_init(score_fn, propose_fn, state, batch_size=batch_size, k=k, max_len=max_len, bos_id=bos_id)
+  first = blockwise_init(score_fn, propose_fn, state, batch_size=batch_size, k=k, max_len=max_len, bos_id=bos_id,
+                         eos_id=eos_id)
   body = blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=eos_id, criterion=criterion)
   s = jax.lax.while_loop(cond, body, first)
   return BlockwiseResult(
@@ -428,7 +456,7 @@ class TreeState:
   root_ok_BxN: jax.Array      # bool [B, N]; depth-0 nodes: passed the check against head 1 at j; others True
   done_B: jax.Array           # bool [B]
   iterations_B: jax.Array     # int32 [B]
-  block_counts_BxD: jax.Array  # int32 [B, D]; [b, n-1] = iterations of row b that accepted n tokens
+  block_counts_BxD: jax.Array  # int32 [B, D + 1]; [b, n-1] = iterations of row b that produced n tokens
   step: jax.Array             # int32 []
 
 
@@ -456,22 +484,26 @@ def _tree_nodes(logits_BxV, hidden_Bx___, propose_fn, layout, criterion):
 
 
 def tree_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, paths: TreePaths,
-              max_len: int, bos_id: int, criterion: Criterion = Criterion()) -> TreeState:
+              max_len: int, bos_id: int, eos_id: int, criterion: Criterion = Criterion()) -> TreeState:
   """The first model invocation (it only proposes the first tree from BOS) and the loop's initial TreeState."""
   B, layout = batch_size, tree_layout(paths)
   depth = tree_depth(paths)
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
   nodes_BxN, root_ok_BxN = _tree_nodes(logits_Bx1xV[:, 0], _take_rows(hidden, jnp.zeros((B,), jnp.int32)),
                                        propose_fn, layout, criterion)
+  # A row whose first token is EOS (or max_len = 1) is done with this call (_end_with_next_token).
+  tokens_BxL, length_B, done_B, _ = _end_with_next_token(
+      jnp.zeros((B, max_len + depth), jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool),
+      argmax(logits_Bx1xV[:, 0]), eos_id=eos_id, max_len=max_len)
   return TreeState(
       model_state=state,
-      tokens_BxL=jnp.zeros((B, max_len + depth), jnp.int32),
-      length_B=jnp.zeros((B,), jnp.int32),
+      tokens_BxL=tokens_BxL,
+      length_B=length_B,
       nodes_BxN=nodes_BxN,
       root_ok_BxN=root_ok_BxN,
-      done_B=jnp.zeros((B,), bool),
+      done_B=done_B,
       iterations_B=jnp.zeros((B,), jnp.int32),
-      block_counts_BxD=jnp.zeros((B, depth), jnp.int32),
+      block_counts_BxD=jnp.zeros((B, depth + 1), jnp.int32),
       step=jnp.int32(0))
 
 
@@ -519,18 +551,22 @@ def tree_body(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, *, path
         s.tokens_BxL, block_BxD, jnp.minimum(s.length_B, max_len))
     length_B = s.length_B + k_hat_B
     last_B = jnp.take_along_axis(path_BxD, jnp.maximum(k_hat_B - 1, 0)[:, None], axis=1)[:, 0]  # node of j + k̂
-    nodes_BxN, root_ok_BxN = _tree_nodes(logits_BxNxV[jnp.arange(B), last_B], _take_rows(hidden, last_B),
-                                         propose_fn, layout, criterion)
+    logits_BxV = logits_BxNxV[jnp.arange(B), last_B]
+    nodes_BxN, root_ok_BxN = _tree_nodes(logits_BxV, _take_rows(hidden, last_B), propose_fn, layout, criterion)
+    tokens_BxL, length_B, done_B, ended_B = _end_with_next_token(
+        tokens_BxL, length_B, s.done_B | has_eos_B | (length_B >= max_len), argmax(logits_BxV), eos_id=eos_id,
+        max_len=max_len)
+    produced_B = k_hat_B + ended_B.astype(jnp.int32)
     return TreeState(
         model_state=model_state,
         tokens_BxL=tokens_BxL,
         length_B=length_B,
         nodes_BxN=nodes_BxN,
         root_ok_BxN=root_ok_BxN,
-        done_B=s.done_B | has_eos_B | (length_B >= max_len),
+        done_B=done_B,
         iterations_B=s.iterations_B + active_B.astype(jnp.int32),
         block_counts_BxD=s.block_counts_BxD + (
-            active_B[:, None] & (jnp.arange(1, depth + 1)[None, :] == k_hat_B[:, None])).astype(jnp.int32),
+            active_B[:, None] & (jnp.arange(1, depth + 2)[None, :] == produced_B[:, None])).astype(jnp.int32),
         step=s.step + 1)
   return body
 
@@ -544,7 +580,7 @@ def tree(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, state: Any, 
   tree_depth(paths)). One model invocation per iteration, as the chain: score_fn is called with the tree
   (depth_N, ancestor_NxN) as a fourth argument. The state needs a cache of at least max_len + N + 1 slots.
   With the one-path tree chain_tree(k) the result equals `blockwise` with k heads exactly. The result's
-  block_counts_BxK has D columns.
+  block_counts_BxK has D + 1 columns.
   """
   paths = check_tree(paths, k)
   zero_path_D = tree_layout(paths)['zero_path_D']
@@ -556,7 +592,7 @@ def tree(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, state: Any, 
     return (s.step < max_len) & ~jnp.all(s.done_B)
 
   first = tree_init(score_fn, propose_fn, state, batch_size=batch_size, paths=paths, max_len=max_len, bos_id=bos_id,
-                    criterion=criterion)
+                    eos_id=eos_id, criterion=criterion)
   body = tree_body(score_fn, propose_fn, move_fn, paths=paths, max_len=max_len, eos_id=eos_id, criterion=criterion)
   s = jax.lax.while_loop(cond, body, first)
   return BlockwiseResult(

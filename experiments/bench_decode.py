@@ -175,7 +175,7 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
   def block_carry(params_k, state, model_k, k):
     _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k)
     return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=state['src_mask_BxS'].shape[0], k=k,
-                                   max_len=max_len, bos_id=BOS)
+                                   max_len=max_len, bos_id=BOS, eos_id=NEVER)
 
   @functools.partial(jax.jit, static_argnames=('model_k', 'k'))
   def block_step(params_k, s, model_k, k):

@@ -101,7 +101,8 @@ def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch
 
   def block_init(params, state):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=batch, k=k, max_len=max_len, bos_id=BOS)
+    return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=batch, k=k, max_len=max_len, bos_id=BOS,
+                                   eos_id=NEVER)
 
   def block_step(params, s):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
@@ -110,7 +111,8 @@ def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch
 
   def tree_init(params, state):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.tree_init(score_fn, propose_fn, state, batch_size=batch, paths=paths, max_len=max_len, bos_id=BOS)
+    return decoding.tree_init(score_fn, propose_fn, state, batch_size=batch, paths=paths, max_len=max_len, bos_id=BOS,
+                              eos_id=NEVER)
 
   def tree_step(params, s):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
