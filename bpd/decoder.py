@@ -39,7 +39,7 @@ def cache_len(max_len: int, block: int = 0) -> int:
 def check_cache_len(state, max_len: int, block: int = 0) -> None:
   """Raises ValueError if the decoder state's self-attention cache is shorter than decoding max_len tokens with
   blocks of `block` needs (cache_len). Reads static shapes only: free inside jit."""
-  slots, needed = min(layer['k_BxHxLxK'].shape[2] for layer in state['layers']), cache_len(max_len, block)
+  slots, needed = min(layer['v_BxHxLxK'].shape[2] for layer in state['layers']), cache_len(max_len, block)
   if slots < needed:
     raise ValueError(f'The decoder cache has {slots} slots; decoding max_len={max_len} tokens in blocks of {block} '
                      f'needs {needed} (decoder.cache_len(max_len, block)).')

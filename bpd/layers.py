@@ -446,18 +446,18 @@ class MultiOutput(nn.Module):
     self.wo_bias = self.param('wo_bias', nn.initializers.zeros, (n, d))  # [N, D]
     self.ln = nn.LayerNorm(dtype=self.dtype)
 
-  def __call__(self, hidden_Bx___xD, num_used: int | None = None):
-    """Returns the first `num_used` (default all n) heads' vectors: [..., num_used, D]."""
-    used = self.num_heads if num_used is None else num_used
+  def __call__(self, hidden_Bx___xD):
+    """The n heads' vectors: [..., n, D]."""
+    n = self.num_heads
     x = hidden_Bx___xD.astype(self.dtype)
     # Head axis first, as the batch axis of two batched matmuls ([n, M, d] @ [n, d, f], then @ [n, f, d]): written
-    # as '...d,ndf->...nf' XLA's CPU backend transposed the whole [n, d, f] kernel to [d, n, f] on every call,
-    # reading and writing megabytes more per decoding iteration. Broadcasting x costs n·M·d.
-    x_Nx___xD = jnp.broadcast_to(x, (used,) + x.shape)
-    unsqueeze = lambda b_NxE: b_NxE[:used].reshape((used,) + (1,) * (x.ndim - 1) + b_NxE.shape[-1:])
-    h_Nx___xF = nn.relu(jnp.einsum('n...d,ndf->n...f', x_Nx___xD, self.wi_kernel[:used].astype(self.dtype))
+    # as '...d,ndf->...nf' XLA's CPU backend transposed the whole [n, d, f] kernel to [d, n, f] on every call.
+    # Broadcasting x costs n·M·d.
+    x_Nx___xD = jnp.broadcast_to(x, (n,) + x.shape)
+    unsqueeze = lambda b_NxE: b_NxE.reshape((n,) + (1,) * (x.ndim - 1) + b_NxE.shape[-1:])
+    h_Nx___xF = nn.relu(jnp.einsum('n...d,ndf->n...f', x_Nx___xD, self.wi_kernel.astype(self.dtype))
                         + unsqueeze(self.wi_bias))
-    out_Nx___xD = (jnp.einsum('n...f,nfd->n...d', h_Nx___xF, self.wo_kernel[:used].astype(self.dtype))
+    out_Nx___xD = (jnp.einsum('n...f,nfd->n...d', h_Nx___xF, self.wo_kernel.astype(self.dtype))
                    + unsqueeze(self.wo_bias))
     out_Bx___xNxD = jnp.moveaxis(out_Nx___xD, 0, -2)
     return self.ln(out_Bx___xNxD + x[..., None, :])

@@ -311,16 +311,11 @@ class Transformer(nn.Module):
     hidden = {'hidden_BxTxD': hidden_BxTxD, 'prior_BxTxKm1xV': prior_BxTxKxV[:, :, 1:]}
     return self.logits(hidden_BxTxD) + prior_BxTxKxV[:, :, 0], hidden, new_state
 
-  def propose(self, hidden_BxD, num_heads: int | None = None):
-    """Logits of heads 2..k' at one position per row: [B, k'-1, V], k' = num_heads (default k).
-
-    Heads are independent slices of the multi-output layer, so only the heads used are computed.
-    """
-    heads = self.config.k if num_heads is None else num_heads
+  def propose(self, hidden_BxD):
+    """Logits of heads 2..k at one position per row: [B, k-1, V]. (To decode with fewer heads, `first_heads`.)"""
     if isinstance(hidden_BxD, dict):  # with config.output_prior_sigma (score)
-      prior_BxKm1xV = hidden_BxD['prior_BxTxKm1xV'][:, :heads - 1]
-      return self.logits(self.multi_output(hidden_BxD['hidden_BxTxD'], heads - 1)) + prior_BxKm1xV
-    return self.logits(self.multi_output(hidden_BxD, heads - 1))
+      return self.logits(self.multi_output(hidden_BxD['hidden_BxTxD'])) + hidden_BxD['prior_BxTxKm1xV']
+    return self.logits(self.multi_output(hidden_BxD))
 
 
 def init_params(config: ModelConfig, rng: jax.Array, src_len: int = 8, tgt_len: int = 8) -> dict:
@@ -399,6 +394,6 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
     return model.apply(variables, state, tokens_BxT, start_B, tree, method=Transformer.score)
 
   def propose_fn(hidden_BxD):
-    return model.apply(variables, hidden_BxD, heads, method=Transformer.propose)
+    return model.apply(variables, hidden_BxD, method=Transformer.propose)
 
   return init_state, score_fn, propose_fn
