@@ -168,7 +168,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)
   task.check_decode(config)
-  tree_sweep = checks.check_trees(config, workdir, model_config.k)
+  tree_sweep = checks.check_trees(config, workdir, model_config.k, model_config.head_type)
   mesh = sharding.make_mesh(config.get('model_axis_size', 1))
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = task.tokenizer_for_decoding(workdir)

@@ -10,6 +10,9 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   model.image_positions  images: encode positions as 2D coordinates shared by input and output (else 1D).
   model.colocated_input  images (with image_positions): add the co-located input sub-pixel's embedding to each
                        decoder position (a deviation from the paper; bpd/model.py Transformer._colocated).
+  model.head_type      independent (the paper's proposal heads) | sequential (head i + 1 also sees the token
+                       proposed for the position before, teacher-forced in training; Hydra, Ankner et al. 2024;
+                       chains only, no trees: bpd/model.py ModelConfig.head_type).
   model.ordinal_pixel_init  images: initialize the 256 intensity embeddings as sinusoids of the intensity, so that
                        nearby intensities start out alike (not in the paper; layers.ordinal_pixel_embedding_init).
   data.source          synthetic | text | tfds (translation) | images (CelebA 8x8 -> 32x32).
@@ -51,6 +54,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.image_positions = False  # images: 2D (row, column, channel) position encodings (Image Transformer)
   c.model.colocated_input = False  # images: co-located input sub-pixel embedding at each decoder position (not paper)
   c.model.ordinal_pixel_init = False  # images: nearby intensities start with nearby embeddings (not paper)
+  c.model.head_type = 'independent'  # the paper's heads; 'sequential': each head sees the previous proposal (Hydra)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'synthetic'
