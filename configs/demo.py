@@ -20,6 +20,7 @@ def get_config(arg: str | None = None):
   c.k = int(args.get('k', 4))
   c.model.size = 'mini'
   c.model.dropout_rate = 0.0  # a rule-based corpus: nothing to regularize in a few hundred steps
+  c.model.head_type = args.get('head_type', 'independent')  # configs/demo.py:regime=finetune,head_type=sequential
   c.data.source = 'synthetic'
   c.data.vocab_size = 400  # the synthetic corpus supports ~500 pieces
   c.data.synthetic_train_size = 20000
