@@ -470,17 +470,23 @@ class MultiOutput(nn.Module):
     out_Bx___xNxD = jnp.moveaxis(out_Nx___xD, 0, -2)
     return self.ln(out_Bx___xNxD + x[..., None, :])
 
-  def one_head(self, hidden_Bx___xD, index, previous_Bx___xD=None):
+  def one_head(self, hidden_Bx___xD, index, previous_Bx___xD=None, weights=None):
     """The vector of head `index` + 2 alone (index in 0..n-1, may be traced): [..., D].
 
     What the sampled-head loss needs (paper §6: one of the k sub-losses per minibatch): only the drawn head's
     slice of the layer is computed, so its vocabulary projection is one, not k - 1. Sequential heads also run
     one at a time in decoding (Transformer.propose), each fed the token the one before it chose:
-    previous_Bx___xD is that token's embedding (sequential only, required there).
+    previous_Bx___xD is that token's embedding (sequential only, required there). weights: this head's slices
+    of the parameters, cut once outside the decoding loop (bpd/model.py, split_sequential_heads), instead of
+    here: cut inside the loop's body, XLA's CPU backend copied each head's kernels on every iteration (as
+    first_heads found for issue #12), 3.5 of the 4.2 MB per iteration that k = 4 sequential heads added on the
+    demo's mini model.
     """
     x = hidden_Bx___xD.astype(self.dtype)
     take = lambda w: jax.lax.dynamic_index_in_dim(w, index, axis=0, keepdims=False)
+    names = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias') + (('token_kernel',) if self.sequential else ())
+    w = weights if weights is not None else {name: take(getattr(self, name)) for name in names}
     if self.sequential:
-      x = x + previous_Bx___xD.astype(self.dtype) @ take(self.token_kernel).astype(self.dtype)
-    h = nn.relu(x @ take(self.wi_kernel).astype(self.dtype) + take(self.wi_bias))
-    return self.ln(h @ take(self.wo_kernel).astype(self.dtype) + take(self.wo_bias) + x)
+      x = x + previous_Bx___xD.astype(self.dtype) @ w['token_kernel'].astype(self.dtype)
+    h = nn.relu(x @ w['wi_kernel'].astype(self.dtype) + w['wi_bias'])
+    return self.ln(h @ w['wo_kernel'].astype(self.dtype) + w['wo_bias'] + x)

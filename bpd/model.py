@@ -365,34 +365,39 @@ class Transformer(nn.Module):
     hidden = hidden if isinstance(hidden, dict) else {'hidden_BxTxD': hidden}
     return logits_BxTxV, dict(hidden, first_BxT=jnp.argmax(logits_BxTxV, axis=-1).astype(jnp.int32)), new_state
 
-  def propose(self, hidden_BxD, num_heads: int | None = None):
+  def propose(self, hidden_BxD, num_heads: int | None = None, split=None):
     """Logits of heads 2..k' at one position per row: [B, k'-1, V], k' = num_heads (default k).
 
     Heads are independent slices of the multi-output layer, so only the heads used are computed.
     """
     heads = self.config.k if num_heads is None else num_heads
     if self._sequential():
-      return self._propose_sequential(hidden_BxD, heads)
+      return self._propose_sequential(hidden_BxD, heads, split)
     if isinstance(hidden_BxD, dict):  # with config.output_prior_sigma (score)
       prior_BxKm1xV = hidden_BxD['prior_BxTxKm1xV'][:, :heads - 1]
       return self.logits(self.multi_output(hidden_BxD['hidden_BxTxD'], heads - 1)) + prior_BxKm1xV
     return self.logits(self.multi_output(hidden_BxD, heads - 1))
 
-  def _propose_sequential(self, hidden, heads):
+  def _propose_sequential(self, hidden, heads, split=None):
     """Sequential heads (head_type='sequential'; Hydra, Ankner et al. 2024) at one position per row: head 2 is fed
     head 1's argmax (hidden['first_BxT'], from score), head n + 2 the argmax of head n + 1. [B, k'-1, V].
 
     k' - 1 small steps in sequence (a Python loop, unrolled at trace time: k' is static), each a [B, d] x [d, d_ff]
     head and a [B, d] x [d, V] projection; the independent heads do the same work as one batched step. All of
     it runs inside the one model invocation of the iteration, after verification (paper §4's combined step).
-    The proposals are argmaxes, as the decode loop's (ties to the lower id).
+    The proposals are argmaxes, as the decode loop's (ties to the lower id). split: the per-head weights and the
+    transposed embedding, cut outside the decoding loop (`split_sequential_heads`; decode_fns passes them).
     """
     hidden_BxD, token_B = hidden['hidden_BxTxD'], hidden['first_BxT']
     prior_BxKm1xV = hidden.get('prior_BxTxKm1xV')
     logits = []
     for n in range(heads - 1):
-      vector_BxD = self.multi_output.one_head(hidden_BxD, n, self.token_embedding(token_B))
-      logits_BxV = self.logits(vector_BxD)
+      weights = None if split is None else split['heads'][n]
+      vector_BxD = self.multi_output.one_head(hidden_BxD, n, self.token_embedding(token_B), weights)
+      if split is None:
+        logits_BxV = self.logits(vector_BxD)
+      else:  # the tied projection, with the [D, V] transpose made once per decode rather than once per head
+        logits_BxV = vector_BxD.astype(jnp.float32) @ split['embedding_DxV']
       if prior_BxKm1xV is not None:
         logits_BxV = logits_BxV + prior_BxKm1xV[:, n]
       token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
@@ -405,6 +410,17 @@ SEQUENTIAL_TREES = (
     'at depth d the ranked choices of head d + 1 shared by all its parents (bpd/decoding.py, _tree_nodes), but a '
     'sequential head\'s choices depend on the token of the node it continues: each parent would need its own run '
     'of the heads. Decode chains (config.decode.trees=() or \'chain\'), or use a model with independent heads.')
+
+
+def split_sequential_heads(params: Any, num_heads: int) -> dict:
+  """What sequential proposal heads read in decoding, cut once per decode, outside its loop (decode_fns): each
+  head's slices of the multi-output layer's [N, ...] parameters, and the embedding transposed to [D, V] for the
+  tied projection. Inside the loop XLA's CPU backend copied these on every iteration (layers.MultiOutput.one_head).
+  """
+  heads = params['multi_output']
+  names = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias', 'token_kernel')
+  return {'heads': [{name: heads[name][n] for name in names} for n in range(num_heads - 1)],
+          'embedding_DxV': params['embed']['embedding'].astype(jnp.float32).T}
 
 
 def previous_tokens(tgt_in_BxT: jax.Array, num: int) -> jax.Array:
@@ -494,7 +510,11 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
   def score_fn(state, tokens_BxT, start_B, tree=None):
     return model.apply(variables, state, tokens_BxT, start_B, tree, method=Transformer.score)
 
+  # Sequential heads: their per-head weights cut here, once, not in every iteration (split_sequential_heads).
+  sequential = model.config.k > 1 and model.config.head_type == 'sequential'
+  split = split_sequential_heads(variables['params'], heads) if sequential else None
+
   def propose_fn(hidden_BxD):
-    return model.apply(variables, hidden_BxD, heads, method=Transformer.propose)
+    return model.apply(variables, hidden_BxD, heads, split, method=Transformer.propose)
 
   return init_state, score_fn, propose_fn
