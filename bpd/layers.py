@@ -424,8 +424,9 @@ class MultiOutput(nn.Module):
   through a [d, d] projection of its own, 'token_kernel': its input is x_n = hidden + e @ token_kernel[n] instead
   of hidden, and its residual is x_n. The paper's heads cannot know which token the head before them chose, so
   they hedge between continuations; a sequential head conditions on it. token_kernel starts at zero: an untrained
-  sequential layer is the independent one with the same other weights (it is declared last, so those are drawn
-  as the independent layer's are), and an independent checkpoint's tree has no 'token_kernel' at all.
+  sequential layer computes what the independent one does (up to rounding) with the same other weights (it is
+  declared last, so those are drawn as the independent layer's are), and an independent checkpoint's tree has
+  no 'token_kernel' at all.
   """
   num_heads: int  # n = k - 1 proposal heads
   d_model: int

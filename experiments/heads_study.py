@@ -136,8 +136,8 @@ def table(records, agreement, k) -> str:
            + ' | '.join(f'agreement head {i}' for i in range(2, k + 1)) + ' |',
            '|---' * (2 + (k - 1) + 2 + (k - 1)) + '|']
   base = records['base'][0]
-  lines.append(f"| base (k=1) | {base['quality']:.2f} | " + ' | '.join('–' for _ in range(2, k + 1)) + ' | – | – | '
-               + ' | '.join('–' for _ in range(2, k + 1)) + ' |')
+  dashes = ' | '.join('–' for _ in range(2, k + 1))
+  lines.append(f"| base (k=1) | {base['quality']:.2f} | {dashes} | – | – | {dashes} |")
   for head_type in HEAD_TYPES:
     rows = {(r['k'], r['criterion']): r for r in records[head_type]}
     greedy = rows[(1, 'greedy')]

@@ -69,7 +69,8 @@ def build_subject():
   params = dict(jax.jit(model_lib.init_params, static_argnums=0)(config, jax.random.PRNGKey(0)))
   for name in ('decoder_layers_0', 'decoder_layers_1'):
     layer = params[name]
-    scaled = lambda sub, inner: dict(layer[sub], **{inner: dict(layer[sub][inner], kernel=layer[sub][inner]['kernel'] * 10)})
+    def scaled(sub, inner, layer=layer):
+      return dict(layer[sub], **{inner: dict(layer[sub][inner], kernel=layer[sub][inner]['kernel'] * 10)})
     params[name] = dict(layer, self_attn=scaled('self_attn', 'out'), cross_attn=scaled('cross_attn', 'out'),
                         ff=scaled('ff', 'wo'))
   heads = params['multi_output']
