@@ -41,6 +41,10 @@ def check_model(config) -> None:
                     'the paper uses 2..10).')
   if config.model.size not in model_lib.SIZES:
     raise UserError(f'config.model.size={config.model.size!r} is not one of {sorted(model_lib.SIZES)}.')
+  head_type = config.model.get('head_type', 'independent')
+  if head_type not in model_lib.HEAD_TYPES:
+    raise UserError(f'config.model.head_type={head_type!r} is not one of {model_lib.HEAD_TYPES} (independent: the '
+                    'paper\'s heads; sequential: each head also sees the token proposed before it).')
 
 
 def check_train(config, workdir: str) -> None:
@@ -150,7 +154,8 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
   return sweep
 
 
-def check_trees(config, workdir: str, model_k: int) -> list[tuple[str, tuple | None, decoding.Criterion]]:
+def check_trees(config, workdir: str, model_k: int,
+                head_type: str = 'independent') -> list[tuple[str, tuple | None, decoding.Criterion]]:
   """The tree settings of the sweep, (spec, topology, criterion) for config.decode.trees x config.decode.criteria
   (bpd/trees.py; topology None for 'chain', decoded by blockwise); UserError for a bad spec, for a missing
   WORKDIR/trees.json, for images or for a plain model, before anything compiles. Criteria whose min_block the
@@ -167,6 +172,9 @@ def check_trees(config, workdir: str, model_k: int) -> list[tuple[str, tuple | N
   settings = []
   for spec in specs:
     paths = trees.parse_tree_spec(spec, model_k, workdir)
+    if paths is not None and head_type == 'sequential':  # 'chain' (None) is the blockwise loop, which it supports
+      raise UserError(f'config.decode.trees={specs}, and the model in {workdir} has sequential heads. '
+                      + model_lib.SEQUENTIAL_TREES)
     zero_path_D = None if paths is None else decoding.tree_layout(paths)['zero_path_D']
     for spec_c in config.decode.criteria:
       criterion = decoding.parse_criterion(spec_c, k=model_k)

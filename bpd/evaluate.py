@@ -180,8 +180,9 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)
   task.check_decode(config)
-  settings = SweepSettings(sweep, checks.check_trees(config, workdir, model_config.k), config.decode.temperature,
-                           config.decode.seed, config.decode.timing_examples, config.decode.timing_repeats)
+  settings = SweepSettings(sweep, checks.check_trees(config, workdir, model_config.k, model_config.head_type),
+                           config.decode.temperature, config.decode.seed, config.decode.timing_examples,
+                           config.decode.timing_repeats)
   mesh = sharding.make_mesh(config.model_axis_size)
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = task.tokenizer_for_decoding(workdir)

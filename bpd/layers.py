@@ -431,11 +431,21 @@ class MultiOutput(nn.Module):
     weights that decoding reads once per iteration: 51 MB at k=8, d=256, d_ff=1024, which measured 6.4 ms
     per call at batch 1 on our 2-core CPU against 1.3 ms for a whole greedy step. Block-diagonal, the
     layer costs 2(k-1)·d·d_ff, and the first k' heads of a k-head model are exactly a k'-head model.
+
+  sequential (model.head_type='sequential'; not in the paper): sequentially dependent heads after Hydra (Ankner et
+  al. 2024). Head n + 2 also sees the embedding e of the token proposed before it (the one head n + 1 proposes)
+  through a [d, d] projection of its own, 'token_kernel': its input is x_n = hidden + e @ token_kernel[n] instead
+  of hidden, and its residual is x_n. The paper's heads cannot know which token the head before them chose, so
+  they hedge between continuations; a sequential head conditions on it. token_kernel starts at zero: an untrained
+  sequential layer computes what the independent one does (up to rounding) with the same other weights (it is
+  declared last, so those are drawn as the independent layer's are), and an independent checkpoint's tree has
+  no 'token_kernel' at all.
   """
   num_heads: int  # n = k - 1 proposal heads
   d_model: int
   d_ff: int
   dtype: jnp.dtype = jnp.float32
+  sequential: bool = False
 
   def setup(self):
     n, d, f = self.num_heads, self.d_model, self.d_ff
@@ -445,30 +455,52 @@ class MultiOutput(nn.Module):
     self.wo_kernel = self.param('wo_kernel', init, (n, f, d))  # [N, F, D]
     self.wo_bias = self.param('wo_bias', nn.initializers.zeros, (n, d))  # [N, D]
     self.ln = nn.LayerNorm(dtype=self.dtype)
+    if self.sequential:  # after every other parameter: their initial values do not change (class docstring)
+      self.token_kernel = self.param('token_kernel', nn.initializers.zeros, (n, d, d))  # [N, D, D]
 
-  def __call__(self, hidden_Bx___xD):
-    """The n heads' vectors: [..., n, D]."""
-    n = self.num_heads
+  def __call__(self, hidden_Bx___xD, previous_Bx___xNxD=None):
+    """The n heads' vectors: [..., n, D].
+
+    previous_Bx___xNxD (sequential only, required there): the embedding of the token each head is fed, the one
+    proposed for the position before the one it predicts (training: the target there, teacher-forced).
+    """
+    used = self.num_heads
     x = hidden_Bx___xD.astype(self.dtype)
     # Head axis first, as the batch axis of two batched matmuls ([n, M, d] @ [n, d, f], then @ [n, f, d]): written
     # as '...d,ndf->...nf' XLA's CPU backend transposed the whole [n, d, f] kernel to [d, n, f] on every call.
     # Broadcasting x costs n·M·d.
-    x_Nx___xD = jnp.broadcast_to(x, (n,) + x.shape)
-    unsqueeze = lambda b_NxE: b_NxE.reshape((n,) + (1,) * (x.ndim - 1) + b_NxE.shape[-1:])
+    x_Nx___xD = jnp.broadcast_to(x, (used,) + x.shape)
+    if self.sequential:
+      previous_Nx___xD = jnp.moveaxis(previous_Bx___xNxD.astype(self.dtype), -2, 0)
+      x_Nx___xD = x_Nx___xD + jnp.einsum('n...d,nde->n...e', previous_Nx___xD,
+                                         self.token_kernel.astype(self.dtype))
+    unsqueeze = lambda b_NxE: b_NxE.reshape((used,) + (1,) * (x.ndim - 1) + b_NxE.shape[-1:])
     h_Nx___xF = nn.relu(jnp.einsum('n...d,ndf->n...f', x_Nx___xD, self.wi_kernel.astype(self.dtype))
                         + unsqueeze(self.wi_bias))
     out_Nx___xD = (jnp.einsum('n...f,nfd->n...d', h_Nx___xF, self.wo_kernel.astype(self.dtype))
                    + unsqueeze(self.wo_bias))
+    if self.sequential:  # each head's residual is its own input, token included
+      return self.ln(jnp.moveaxis(out_Nx___xD + x_Nx___xD, 0, -2))
     out_Bx___xNxD = jnp.moveaxis(out_Nx___xD, 0, -2)
     return self.ln(out_Bx___xNxD + x[..., None, :])
 
-  def one_head(self, hidden_Bx___xD, index):
+  def one_head(self, hidden_Bx___xD, index, previous_Bx___xD=None, weights=None):
     """The vector of head `index` + 2 alone (index in 0..n-1, may be traced): [..., D].
 
     What the sampled-head loss needs (paper §6: one of the k sub-losses per minibatch): only the drawn head's
-    slice of the layer is computed, so its vocabulary projection is one, not k - 1.
+    slice of the layer is computed, so its vocabulary projection is one, not k - 1. Sequential heads also run
+    one at a time in decoding (Transformer.propose), each fed the token the one before it chose:
+    previous_Bx___xD is that token's embedding (sequential only, required there). weights: this head's slices
+    of the parameters, cut once outside the decoding loop (bpd/model.py, split_sequential_heads), instead of
+    here: cut inside the loop's body, XLA's CPU backend copied each head's kernels on every iteration (as
+    first_heads found for issue #12), 3.5 of the 4.2 MB per iteration that k = 4 sequential heads added on the
+    demo's mini model.
     """
     x = hidden_Bx___xD.astype(self.dtype)
     take = lambda w: jax.lax.dynamic_index_in_dim(w, index, axis=0, keepdims=False)
-    h = nn.relu(x @ take(self.wi_kernel).astype(self.dtype) + take(self.wi_bias))
-    return self.ln(h @ take(self.wo_kernel).astype(self.dtype) + take(self.wo_bias) + x)
+    names = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias') + (('token_kernel',) if self.sequential else ())
+    w = weights if weights is not None else {name: take(getattr(self, name)) for name in names}
+    if self.sequential:
+      x = x + previous_Bx___xD.astype(self.dtype) @ w['token_kernel'].astype(self.dtype)
+    h = nn.relu(x @ w['wi_kernel'].astype(self.dtype) + w['wi_bias'])
+    return self.ln(h @ w['wo_kernel'].astype(self.dtype) + w['wo_bias'] + x)

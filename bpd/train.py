@@ -118,6 +118,9 @@ def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoo
   """
   src, tgt = batch['src_BxS'], batch['tgt_BxT']
   tgt_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)), constant_values=tokenizer_lib.BOS_ID)
+  # Sequential heads (model.head_type) are fed the clean targets (teacher forcing), even when the decoder's
+  # inputs are noisy: in decoding they are fed proposals, which verification checks against head 1, not noise.
+  head_tokens = {'head_tokens_BxT': tgt_in} if model.config.head_type == 'sequential' else {}
   if train and input_noise > 0:  # images only (checks.check_train)
     tgt_in = noisy_pixel_inputs(tgt_in, jax.random.fold_in(dropout_rng, 2), input_noise)
   deterministic = not train or frozen
@@ -128,12 +131,13 @@ def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoo
     first = 1 if frozen and k > 1 else 0
     head = jax.random.randint(jax.random.fold_in(dropout_rng, 1), (), first, k)
     logits_BxTxV = model.apply({'params': params}, src, tgt_in, head, deterministic=deterministic, rngs=rngs,
-                               method=model_lib.Transformer.one_head_logits)
+                               method=model_lib.Transformer.one_head_logits, **head_tokens)
     loss, acc, count = losses.one_head_cross_entropy(logits_BxTxV, tgt, k, head, label_smoothing)
     nan_K = jnp.full((k,), jnp.nan)
     return loss, {'loss_K': nan_K.at[head].set(loss), 'acc_K': nan_K.at[head].set(acc),
                   'count_K': jnp.zeros((k,)).at[head].set(count)}
-  logits_BxTxKxV = model.apply({'params': params}, src, tgt_in, deterministic=deterministic, rngs=rngs)
+  logits_BxTxKxV = model.apply({'params': params}, src, tgt_in, deterministic=deterministic, rngs=rngs,
+                               **head_tokens)
   loss_K, acc_K, count_K = losses.heads_cross_entropy(logits_BxTxKxV, tgt, label_smoothing)
   weight_K = jnp.ones_like(loss_K).at[0].set(head1_weight)
   loss = jnp.sum(weight_K * loss_K) / jnp.sum(weight_K)
@@ -324,6 +328,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                         k=1 if tc.regime == 'base' else config.k,
                                         dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
                                         attention_block=config.model.attention_block,
+                                        head_type=config.model.head_type,
                                         **task.model_options(config))
   checks.check_init_from(model_config, tc.init_from if tc.regime != 'base' else '', workdir)
   if jax.process_index() == 0:

@@ -17,6 +17,9 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   model.output_prior_sigma  images: > 0 adds to every head's logits a Gaussian log-prior of this width (intensity
                        levels) around the bicubic enlargement of the input. 0 = off. Not in the paper:
                        README, "Output prior".
+  model.head_type      independent (the paper's proposal heads) | sequential (head i + 1 also sees the token
+                       proposed for the position before, teacher-forced in training; Hydra, Ankner et al. 2024;
+                       chains only, no trees: bpd/model.py ModelConfig.head_type).
   model.ordinal_pixel_init  images: initialize the 256 intensity embeddings as sinusoids of the intensity, so that
                        nearby intensities start out alike (not in the paper; layers.ordinal_pixel_embedding_init).
   data.source          synthetic | text | tfds (translation) | images (CelebA 8x8 -> 32x32).
@@ -141,6 +144,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.colocated_input = False  # images: co-located input sub-pixel embedding at each decoder position (not paper)
   c.model.ordinal_pixel_init = False  # images: nearby intensities start with nearby embeddings (not paper)
   c.model.output_prior_sigma = 0.0  # images: > 0, width of a log-prior around the bicubic input (not paper)
+  c.model.head_type = 'independent'  # the paper's heads; 'sequential': each head sees the previous proposal (Hydra)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'synthetic'

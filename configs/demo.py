@@ -18,6 +18,8 @@ ARGS = {
     'regime': common.Arg('base', 'what to train (the head recipe below applies to frozen and finetune)',
                          choices=('base', 'frozen', 'finetune')),
     'steps': common.Arg(BASE_STEPS, 'training steps'),
+    'head_type': common.Arg('independent', "proposal heads: the paper's, or each also seeing the previous proposal",
+                            choices=('independent', 'sequential')),
 }
 
 
@@ -27,6 +29,7 @@ def get_config(arg: str | None = None):
   c.k = args['k']
   c.model.size = 'mini'
   c.model.dropout_rate = 0.0  # a rule-based corpus: nothing to regularize in a few hundred steps
+  c.model.head_type = args['head_type']  # configs/demo.py:regime=finetune,head_type=sequential
   c.data.source = 'synthetic'
   c.data.vocab_size = 400  # the synthetic corpus supports ~500 pieces
   c.data.synthetic_train_size = 20000

@@ -316,7 +316,8 @@ def main(argv):
   chip_devices, tpu_configs = tpu_setup(_TPU.value, tpu_sizes, config.data.vocab_size, max(k_values),
                                         _HEAD_HIDDEN.value)
   model_config = model_lib.model_config(config.model.size, vocab_size=config.data.vocab_size, k=max(k_values),
-                                        dropout_rate=0.0, dtype=config.model.dtype, head_hidden=_HEAD_HIDDEN.value)
+                                        dropout_rate=0.0, dtype=config.model.dtype, head_hidden=_HEAD_HIDDEN.value,
+                                        head_type=config.model.head_type)
   model = model_lib.Transformer(model_config)
   params = model_lib.init_params(model_config, jax.random.PRNGKey(0))
   peaks = machine_peaks()
@@ -325,7 +326,7 @@ def main(argv):
   add_tpu_estimates(records, chip_devices, tpu_configs)
   c = model_config
   title = (f'model {config.model.size}: d={c.d_model}, {c.num_encoder_layers}+{c.num_decoder_layers} layers, '
-           f'ff {c.d_ff}, head_hidden {c.head_hidden or c.d_ff}, vocab {c.vocab_size}, {c.dtype}; '
+           f'ff {c.d_ff}, head_hidden {c.head_hidden or c.d_ff}, {c.head_type} heads, vocab {c.vocab_size}, {c.dtype}; '
            f'{jax.devices()[0].platform}, {len(jax.devices())} device(s); {_MAX_LEN.value} tokens per run, '
            f'median of {_REPEATS.value} alternating runs per row; '
            f"measured peaks {peaks['peak_gflop_s']:.1f} GFLOP/s (float32 matmul), "
