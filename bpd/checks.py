@@ -41,7 +41,7 @@ def check_model(config) -> None:
                     'the paper uses 2..10).')
   if config.model.size not in model_lib.SIZES:
     raise UserError(f'config.model.size={config.model.size!r} is not one of {sorted(model_lib.SIZES)}.')
-  head_type = config.model.get('head_type', 'independent')
+  head_type = config.model.head_type
   if head_type not in model_lib.HEAD_TYPES:
     raise UserError(f'config.model.head_type={head_type!r} is not one of {model_lib.HEAD_TYPES} (independent: the '
                     'paper\'s heads; sequential: each head also sees the token proposed before it).')
