@@ -129,12 +129,15 @@ def parse_criterion(spec: str, k: int | None = None) -> Criterion:
 def argmax(logits_Bx___xV: jax.Array) -> jax.Array:
   """jnp.argmax over the last axis (the first index of the maximum: ties go to the lower id), int32 [B, ...].
 
-  Taken as the top 1 of lax.top_k, which XLA's CPU backend runs 1.5-2.5x faster than argmax's (value, index)
-  pair reduction on [k, V] logits (experiments/profile_decode.py). Not as max-then-first-index-equal: two
-  reductions that XLA may fuse with two copies of the logits' computation, which can round differently (one
-  contracts a multiply-add, the other not), so that no entry equals "the" maximum. Every argmax of the decode
-  loops is taken here, greedy's too.
+  With several rows per batch element ([B, k, V]: verification, proposals) it is taken as the top 1 of lax.top_k,
+  which XLA's CPU backend ran faster than argmax's (value, index) pair reduction there; with one row per element
+  ([B, V], greedy's step) as jnp.argmax, which was faster than top_k there: each loop gets the faster one
+  (experiments/profile_decode.py, experiments/bench_decode.py). Not as max-then-first-index-equal: two reductions
+  that XLA may fuse with two copies of the logits' computation, which can round differently (one contracts a
+  multiply-add, the other not), so that no entry equals "the" maximum.
   """
+  if logits_Bx___xV.ndim == 2:
+    return jnp.argmax(logits_Bx___xV, axis=-1).astype(jnp.int32)
   return jax.lax.top_k(logits_Bx___xV, 1)[1][..., 0].astype(jnp.int32)
 
 

@@ -272,16 +272,18 @@ def format_table(records, title='', tpu_chips=(), tpu_sizes=()):
   lines = [title] if title else []
   tpu_headers = [f"TPU {chip} ESTIMATE: ratio ({'; '.join(tpu_sizes)})" for chip in tpu_chips]
   lines += ['| k | batch | greedy step (ms) | blockwise iteration (ms) | ratio | roofline ratio (memory; L3) | '
+            'ratio / roofline ratio | '
             + ''.join(f'{h} | ' for h in tpu_headers) +
             'GFLOP greedy / iter (XLA; count) | MB greedy / iter (XLA; weights+cache) | '
             'achieved GFLOP/s greedy / iter | achieved GB/s greedy / iter |',
-            '|---' * (10 + len(tpu_headers)) + '|']
+            '|---' * (11 + len(tpu_headers)) + '|']
   for r in records:
     tpu = ''.join('; '.join(f"{r[f'tpu_{chip}_{size}_ratio']:.2f}" for size in tpu_sizes) + ' | '
                   for chip in tpu_chips)
     lines.append(
         f"| {r['k']} | {r['batch_size']} | {1e3 * r['greedy_step_s']:.2f} | {1e3 * r['block_step_s']:.2f} | "
-        f"{r['ratio']:.2f} | {r['roofline_ratio']:.2f}; {r['roofline_ratio_cached']:.2f} | {tpu}"
+        f"{r['ratio']:.2f} | {r['roofline_ratio']:.2f}; {r['roofline_ratio_cached']:.2f} | "
+        f"{r['ratio'] / r['roofline_ratio']:.2f} | {tpu}"
         f"{r['greedy_flops_xla'] / 1e9:.3f} / {r['block_flops_xla'] / 1e9:.3f} "
         f"({r['greedy_flops_count'] / 1e9:.3f} / {r['block_flops_count'] / 1e9:.3f}) | "
         f"{r['greedy_bytes_xla'] / 1e6:.1f} / {r['block_bytes_xla'] / 1e6:.1f} "
