@@ -4,6 +4,7 @@ Used by the decode sweep (bpd/evaluate.py, both tasks), distillation and trainin
 imports none of them, so each can import it without an import circle (tests/test_imports.py).
 """
 
+import dataclasses
 import time
 
 from absl import logging
@@ -61,6 +62,25 @@ class Decoder:
     self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
     self._sample_jit = jax.jit(self._sample, out_shardings=out)
     self._tree_jit = jax.jit(self._tree, static_argnames=('paths', 'criterion'), out_shardings=out)
+    self._first_heads_jit = jax.jit(lambda params, k: model_lib.first_heads(self.model, params, k)[1],
+                                    static_argnames='k')
+    self._heads_cache = {}  # k -> (the params it was cut from, their first k heads)
+
+  def _heads(self, params, k):
+    """The first k heads' parameters of `params` (model.first_heads), cut once per params and k, outside the
+    jitted decoders: cut inside, every decode call (every sentence at batch 1) copied the kept slices of the
+    multi-output layer, megabytes, before its loop began (experiments/profile_decode.py)."""
+    if k in (1, self.model.config.k):
+      return params
+    cached = self._heads_cache.get(k)
+    if cached is None or cached[0] is not params:
+      cached = self._heads_cache[k] = (params, self._first_heads_jit(params, k=k))
+    return cached[1]
+
+  def _model(self, k):
+    """The k-head model whose parameters `_heads` cut (the model itself for k = 1 or all its heads)."""
+    return self.model if k in (1, self.model.config.k) else model_lib.Transformer(
+        dataclasses.replace(self.model.config, k=k))
 
   def _put(self, src_BxS):
     return jnp.asarray(src_BxS) if self.mesh is None else sharding.shard_global_batch(src_BxS, self.mesh)
@@ -71,7 +91,7 @@ class Decoder:
 
   def blockwise(self, params, src_BxS, k, criterion):
     """A decoding.BlockwiseResult."""
-    return self._blockwise_jit(params, self._put(src_BxS), k=k, criterion=criterion)
+    return self._blockwise_jit(self._heads(params, k), self._put(src_BxS), k=k, criterion=criterion)
 
   def sample(self, params, src_BxS, temperature: float, seed: int):
     """(tokens_BxL, length_B) drawn from the model at `temperature` (see sampling_score_fn). The same seed and
@@ -81,7 +101,8 @@ class Decoder:
   def tree(self, params, src_BxS, paths, criterion):
     """A decoding.BlockwiseResult of tree decoding with the topology `paths` (decoding.check_tree), using the
     first tree_depth(paths) heads."""
-    return self._tree_jit(params, self._put(src_BxS), paths=paths, criterion=criterion)
+    return self._tree_jit(self._heads(params, decoding.tree_depth(paths)), self._put(src_BxS), paths=paths,
+                          criterion=criterion)
 
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""
@@ -99,8 +120,8 @@ class Decoder:
                                         bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
     return tokens, length
 
-  def _blockwise(self, params, src_BxS, k, criterion):
-    init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
+  def _blockwise(self, params_k, src_BxS, k, criterion):
+    init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(k), params_k)
     state = self._init(init_state, src_BxS, block=k)
     return decoding.blockwise(score_fn, propose_fn, state, batch_size=src_BxS.shape[0], k=k,
                               max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
@@ -114,9 +135,9 @@ class Decoder:
                                         bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
     return tokens, length
 
-  def _tree(self, params, src_BxS, paths, criterion):
+  def _tree(self, params, src_BxS, paths, criterion):  # params: the first tree_depth(paths) heads (`_heads`)
     k = decoding.tree_depth(paths)
-    init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
+    init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(k), params)
     state = self._init(init_state, src_BxS, block=len(paths))
     return decoding.tree(score_fn, propose_fn, model_lib.move_cache, state, batch_size=src_BxS.shape[0],
                          paths=paths, k=k, max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,

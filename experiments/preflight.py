@@ -102,8 +102,10 @@ def preflight(config, devices) -> list[dict]:
   decode_src = dc.max_len if dc.source != 'images' else src_len
   decoder = decoder_lib.Decoder(model, config.decode.max_len, mesh)
   src = jax.ShapeDtypeStruct((decode_batch, decode_src), jnp.int32, sharding=rows)
+  # The jitted loop takes the first k heads' parameters (Decoder._heads cuts them once, outside it).
+  params_k = jax.eval_shape(lambda p: model_lib.first_heads(model, p, k)[1], params)
   compiled = decoder._blockwise_jit.lower(  # pylint: disable=protected-access  (the jitted loop itself)
-      abstract(params, state_sharding['params']), src, k=k, criterion=decoding.Criterion()).compile()
+      abstract(params_k, state_sharding['params']), src, k=k, criterion=decoding.Criterion()).compile()
   records.append({'program': f'decode loop, k={k}', 'shape': f'batch {decode_batch} x {decode_src}, '
                   f'max_len {config.decode.max_len}', **per_chip_bytes(compiled)})
   return records

@@ -10,8 +10,9 @@ divides by the loop's trip count: microseconds per greedy step or per iteration.
 (fusion, dot, copy, ...), its output shape, the bytes of its operands and output from the compiled HLO (what the
 kernel must at least move), the achieved GB/s, and the jax operation it came from (HLO metadata op_name).
 
-Times are thread-time: a kernel that Eigen splits over both cores counts both halves, so the shares are of the
-summed kernel time, and 'wall' (the loop's time per step from the profile's own clock) is printed beside it.
+Times are thread-time: a kernel split over both cores counts both halves, and independent kernels may run at the
+same time on the two cores, so the shares are of the summed kernel time, not of the wall clock (which
+experiments/bench_decode.py measures).
 
   --markdown=FILE   also write the tables as markdown (docs/results keeps one).
 """
@@ -81,9 +82,8 @@ def hlo_instructions(hlo_text: str) -> dict:
 
 
 def profile(fn, runs: int, instructions: dict):
-  """(per-kernel {name: [thread ns summed over runs, runs of it]}, wall ns of the loops) of fn() under
-  jax.profiler. Kernels are the trace events named after an instruction of the compiled program; the `while`
-  instruction's event spans the whole loop (its body's kernels run inside it): it gives the wall time."""
+  """Per-kernel {name: [thread ns summed over runs, runs of it]} of fn() under jax.profiler: the trace events named
+  after an instruction of the compiled program, but the `while` instruction's (it spans the whole loop)."""
   jax.block_until_ready(fn())
   directory = tempfile.mkdtemp(prefix='bpd_profile_')
   jax.profiler.start_trace(directory)
@@ -92,7 +92,6 @@ def profile(fn, runs: int, instructions: dict):
   jax.profiler.stop_trace()
   path = sorted(glob.glob(os.path.join(directory, '**', '*.xplane.pb'), recursive=True))[-1]
   kernels = collections.defaultdict(lambda: [0.0, 0])
-  wall = 0.0
   for plane in jax.profiler.ProfileData.from_file(path).planes:
     if plane.name != '/host:CPU':
       continue
@@ -102,18 +101,17 @@ def profile(fn, runs: int, instructions: dict):
         if info is None:
           continue
         if info['kind'] == 'while':
-          wall += event.duration_ns
           continue
         kernels[event.name][0] += event.duration_ns
         kernels[event.name][1] += 1
-  return kernels, wall
+  return kernels
 
 
-def kernel_table(title, kernels, wall_ns, instructions, steps, top):
+def kernel_table(title, kernels, instructions, steps, top):
   """Markdown: the `top` kernels by time per step, with bytes, GB/s and their jax origin."""
   total = sum(ns for ns, _ in kernels.values())
   rows = sorted(kernels.items(), key=lambda kv: -kv[1][0])
-  lines = [f'{title}: {1e-3 * wall_ns / steps:.1f} µs wall per step, {1e-3 * total / steps:.1f} µs summed kernel '
+  lines = [f'{title}: {1e-3 * total / steps:.1f} µs summed kernel '
            f'(thread) time, {len(kernels)} distinct kernels, {sum(n for _, n in kernels.values()) / steps:.0f} '
            'kernel runs per step',
            '',
@@ -170,8 +168,8 @@ def main(argv):
     state = jax.block_until_ready(encode(params, src))
     for name, (jitted, args, kwargs, steps) in programs(model, params, state, k_values, _MAX_LEN.value).items():
       instructions = hlo_instructions(jitted.lower(*args, **kwargs).compile().as_text())
-      kernels, wall = profile(lambda: jitted(*args, **kwargs), _RUNS.value, instructions)
-      table = kernel_table(f'### {name}, batch {batch}', kernels, wall, instructions, steps * _RUNS.value,
+      kernels = profile(lambda: jitted(*args, **kwargs), _RUNS.value, instructions)
+      table = kernel_table(f'### {name}, batch {batch}', kernels, instructions, steps * _RUNS.value,
                            _TOP.value)
       print(table + '\n', flush=True)
       tables.append(table)
