@@ -79,6 +79,17 @@ def check_criterion(criterion) -> None:
                   f'{CRITERION!r} alone (config.decode.criteria=("{CRITERION}",) with config.decode.temperature > 0).')
 
 
+def parse_decode_criterion(spec, k: int | None = None):
+  """A criterion of config.decode.criteria: CRITERION ('speculative') for speculative sampling, else
+  decoding.parse_criterion(spec, k). 'speculative' combined with anything ('speculative+top_k:2') is a UserError."""
+  parts = [part.strip() for part in str(spec).split('+')]
+  if CRITERION not in parts:
+    return decoding.parse_criterion(spec, k)
+  if len(parts) > 1:
+    check_criterion('+'.join(part for part in parts if part != CRITERION))
+  return CRITERION
+
+
 def check_sampling_tree(paths, k: int) -> decoding.TreePaths:
   """A canonical tree (decoding.check_tree) with the single root (0,), or UserError.
 
