@@ -155,17 +155,19 @@ def test_planted_errors_fail_the_distribution_test(plant, paths):
 def test_same_seed_same_samples_and_a_row_ignores_the_other_rows():
   stub = SoftStub(k=3)
   seeds = jnp.asarray([5, 9, 11, 5, 7, 3], jnp.uint32)
+  others = jnp.asarray([5, 9, 11, 8, 2, 4], jnp.uint32)  # rows 3..5 decode other sources, for other lengths
   for paths in (None, TREE):
     run = lambda key, seed_B, paths=paths: _sample(jax.random.PRNGKey(key), seed_B, jnp.float32(1.0), stub=stub,
                                                    batch_size=len(seed_B), max_len=8, paths=paths)
-    a, again, other = run(0, seeds), run(0, seeds), run(1, seeds)
+    a, again, other_key, other_rows = run(0, seeds), run(0, seeds), run(1, seeds), run(0, others)
     for field in ('tokens_BxL', 'length_B', 'iterations_B', 'block_counts_BxK'):
       np.testing.assert_array_equal(np.asarray(getattr(a, field)), np.asarray(getattr(again, field)))
-    assert not np.array_equal(np.asarray(a.tokens_BxL), np.asarray(other.tokens_BxL))
-    # The first three rows alone (the loop runs for as long as they need, not the batch): the same samples.
-    first = run(0, seeds[:3])
-    np.testing.assert_array_equal(np.asarray(first.tokens_BxL), np.asarray(a.tokens_BxL)[:3])
-    np.testing.assert_array_equal(np.asarray(first.iterations_B), np.asarray(a.iterations_B)[:3])
+      # Rows 0..2 are the same samples whatever the other rows decode and however long they take.
+      np.testing.assert_array_equal(np.asarray(getattr(a, field))[:3], np.asarray(getattr(other_rows, field))[:3])
+    assert not np.array_equal(np.asarray(a.tokens_BxL), np.asarray(other_key.tokens_BxL))
+    assert not np.array_equal(np.asarray(a.tokens_BxL)[3:], np.asarray(other_rows.tokens_BxL)[3:])
+    # Rows 0 and 3 decode the same source but are different streams.
+    assert not np.array_equal(np.asarray(a.tokens_BxL)[0], np.asarray(a.tokens_BxL)[3])
 
 
 @pytest.mark.parametrize('criterion', ['top_k:2', 'distance:2', 'min_block:2', 'top_k:2+min_block:2',
@@ -182,3 +184,31 @@ def test_approximate_criteria_are_a_user_error_before_anything_runs(criterion):
 def test_a_tree_needs_the_single_root():
   with pytest.raises(UserError, match='single root'):
     speculative.check_sampling_tree(((0,), (1,), (0, 0)), k=2)
+
+
+# -- the real model ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def real_model():
+  """A tiny untrained 3-head Transformer (random weights: outputs depend on the prefix and the heads disagree)."""
+  from bpd import model as model_lib  # pylint: disable=g-import-not-at-top
+  config = model_lib.model_config('tiny', vocab_size=24, k=3, dropout_rate=0.0, d_model=32)
+  return model_lib.Transformer(config), jax.jit(lambda rng: model_lib.init_params(config, rng))(jax.random.PRNGKey(0))
+
+
+def test_near_zero_temperature_is_greedy_on_the_real_model(real_model):
+  """At T = 1e-6 p and q are point masses at their argmax: a draft is accepted iff it is head 1's choice and a
+  rejection's residual is head 1's choice, so speculative sampling must give greedy's output, token for token,
+  through the model's cache, positions, tree mask and move_cache. At T = 1 it samples something else. (A tree:
+  the chain's path through the sampler is the stub tests'; its model calls are those of decoding.blockwise.)"""
+  model, params = real_model
+  paths = ((0,), (0, 0), (0, 1), (0, 0, 0))
+  decoder = decoder_lib.Decoder(model, max_len=10, eos_id=1)
+  src = np.random.RandomState(0).randint(3, 24, size=(4, 6)).astype(np.int32)
+  greedy_tokens, greedy_length = decoder.greedy(params, src)
+  cold = decoder.speculative(params, src, k=3, temperature=1e-6, seed=0, paths=paths)
+  np.testing.assert_array_equal(np.asarray(cold.tokens_BxL), np.asarray(greedy_tokens))
+  np.testing.assert_array_equal(np.asarray(cold.length_B), np.asarray(greedy_length))
+  warm = decoder.speculative(params, src, k=3, temperature=1.0, seed=0, paths=paths)
+  assert not np.array_equal(np.asarray(warm.tokens_BxL), np.asarray(greedy_tokens))
+  assert decoding.summarize(warm)['iterations'] < int(np.asarray(warm.length_B).sum())  # some blocks of 2+
