@@ -41,13 +41,12 @@ Design choices (issue 21):
     and move_fn is skipped (the path is already contiguous), so the chain keeps the blockwise chain's calls. The
     walk over siblings is a static Python loop over the tree's nodes: for the chain it reads as "try the single
     child, stop at the first rejection".
-  * Randomness: one PRNG stream per row and position, fold_in(fold_in(key, row), position), split by purpose
-    (draft, coin, free token) and node. A row's output is therefore a pure function of (key, its index in the
-    batch, its source): it does not depend on the other rows of the batch. A position's draws are used in at most
-    one iteration: in the iteration whose walk reaches a position, that position is committed (an accepted
-    draft, a residual or a bonus), and an iteration that does not reach it leaves its draws unread, so reusing
-    the same stream when a later iteration drafts that position again keeps every used draw independent of
-    everything before it.
+  * Randomness: one PRNG stream per row, fold_in(key, row), and per block, fold_in(row stream, the block's start
+    position j + 1). A row's blocks start at strictly increasing positions (k̂ >= 1), so every block draws fresh:
+    2N uniforms, one per node to pick its token by inverse CDF (the root from r, a draft from its q) and one per
+    node for its acceptance coin. A row's output is therefore a pure function of (key, its index in the batch, its
+    source): it does not depend on the other rows of the batch. Inverse-CDF draws need one uniform per token where
+    Gumbel-max (Decoder.sample's) needs V; their float32 cumulative sums are exact to ~1e-7 of the probabilities.
   * Acceptance criteria: sampling is exact; `top_k:`, `distance:` and `min_block:` would change the distribution,
     and are a UserError (check_criterion) before anything is traced.
 """
@@ -64,6 +63,7 @@ from bpd.errors import UserError
 
 CRITERION = 'speculative'  # the decode criterion (config.decode.criteria) that selects this sampler
 PLANTS = (None, 'no_residual', 'no_bonus', 'q_temperature', 'stale_residual')  # tests only (_plant)
+
 
 def check_criterion(criterion) -> None:
   """UserError unless `criterion` is lossless sampling: None, 'speculative', 'exact' or decoding.Criterion().
@@ -145,24 +145,30 @@ def _residual(r_BxV, q_BxV):
   return jnp.where(mass_B > 1e-12, left_BxV / jnp.maximum(mass_B, 1e-30), r_BxV)
 
 
-def _next_nodes(free_dist_BxV, heads_BxDm1xV, keys_B, depth_N, temperature):
+def _uniforms(keys_B, num_nodes):
+  """The block's draws, float32 [B, 2, N] in (0, 1]: [:, 0, n] picks node n's token (inverse CDF), [:, 1, n] is
+  node n's acceptance coin. Drawn from the block's key both when the block is proposed and when it is verified."""
+  return jax.vmap(lambda k: 1.0 - jax.random.uniform(k, (2, num_nodes), jnp.float32))(keys_B)
+
+
+def _inverse_cdf(probs_Bx___xV, u_Bx___):
+  """A token per distribution: the first v with cumsum(probs)[v] >= u * sum(probs), u in (0, 1] (so a token of
+  probability 0 is never picked). One uniform per draw, where Gumbel-max would need V of them."""
+  cdf_Bx___xV = jnp.cumsum(probs_Bx___xV, axis=-1)
+  threshold_Bx___ = u_Bx___ * cdf_Bx___xV[..., -1]
+  index = jnp.sum(cdf_Bx___xV < threshold_Bx___[..., None], axis=-1)
+  return jnp.minimum(index, probs_Bx___xV.shape[-1] - 1).astype(jnp.int32)
+
+
+def _next_nodes(free_dist_BxV, q_BxDm1xV, keys_B, depth_N):
   """The next tree, from the block's keys: node 0 (the free token) drawn from free_dist_BxV; node n at depth d >= 1
-  a draft from softmax(head_{d+1} / T), each node with its own Gumbel noise (Gumbel-max: argmax(log prob + g) is
-  a draw from prob). Returns nodes_BxN."""
-  N, V = len(depth_N), free_dist_BxV.shape[-1]
-  gumbel_BxNxV = jax.vmap(lambda k: jax.random.gumbel(k, (N, V), jnp.float32))(keys_B)
-  free_B = jnp.argmax(jnp.log(free_dist_BxV) + gumbel_BxNxV[:, 0], axis=-1).astype(jnp.int32)
-  if N == 1:
+  a draft from q_BxDm1xV[:, d - 1] = softmax(head_{d+1} / T), each node with its own uniform. Returns nodes_BxN."""
+  u_BxN = _uniforms(keys_B, len(depth_N))[:, 0]
+  free_B = _inverse_cdf(free_dist_BxV, u_BxN[:, 0])
+  if len(depth_N) == 1:
     return free_B[:, None]
-  # Node n's draft reads head depth_N[n] + 1, i.e. heads_BxDm1xV[:, depth_N[n] - 1].
-  logits_BxMxV = heads_BxDm1xV[:, depth_N[1:] - 1].astype(jnp.float32) / temperature
-  drafts_BxM = jnp.argmax(logits_BxMxV + gumbel_BxNxV[:, 1:], axis=-1).astype(jnp.int32)
+  drafts_BxM = _inverse_cdf(q_BxDm1xV[:, depth_N[1:] - 1], u_BxN[:, 1:])
   return jnp.concatenate([free_B[:, None], drafts_BxM], axis=1)
-
-
-def _coins(keys_B, num_nodes):
-  """One uniform [0, 1) per node of the block (the acceptance tests), independent of the block's Gumbel noise."""
-  return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 1), (num_nodes,), jnp.float32))(keys_B)
 
 
 def _heads(propose_fn, hidden_Bx___, depth):
@@ -178,8 +184,8 @@ def sampler_init(score_fn, propose_fn, state, *, key, temperature, batch_size: i
   V = logits_Bx1xV.shape[-1]
   hidden_Bx___ = decoding._take_rows(hidden, jnp.zeros((B,), jnp.int32))  # pylint: disable=protected-access
   heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else jnp.zeros((B, 0, V), jnp.float32)
-  nodes_BxN = _next_nodes(_softmax(logits_Bx1xV[:, 0], temperature), heads_BxDm1xV,
-                          _block_keys(_row_streams(key, B), jnp.ones((B,), jnp.int32)), layout['depth_N'], temperature)
+  nodes_BxN = _next_nodes(_softmax(logits_Bx1xV[:, 0], temperature), _softmax(heads_BxDm1xV, temperature),
+                          _block_keys(_row_streams(key, B), jnp.ones((B,), jnp.int32)), layout['depth_N'])
   return SamplerState(
       model_state=state,
       tokens_BxL=jnp.zeros((B, max_len + depth), jnp.int32),
@@ -214,7 +220,7 @@ def _walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, layout, plant):
       tried_B = going_B & ~found_B & (cur_B == parent_N[n])
       x_B = nodes_BxN[:, n]
       target_BxV = p_cur_BxV if plant == 'stale_residual' else r_BxV
-      # Accept x with probability min(1, r(x) / q(x)): u * q(x) < r(x) with u uniform in [0, 1) (q(x) > 0: x ~ q).
+      # Accept x with probability min(1, r(x) / q(x)): u * q(x) < r(x) with u uniform in (0, 1] (q(x) > 0: x ~ q).
       accept_B = tried_B & (coins_BxN[:, n] * q_BxV[rows, x_B] < target_BxV[rows, x_B])
       found_B, next_B = found_B | accept_B, jnp.where(accept_B, n, next_B)
       if plant != 'no_residual':  # SpecInfer: the next sibling is tested against what the rejection left
@@ -252,7 +258,7 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
     start_B = s.length_B + 1  # the free token's position, j + 1
     tree_arg = () if is_chain else ((depth_N, layout['ancestor_NxN']),)
     logits_BxNxV, hidden, model_state = score_fn(s.model_state, s.nodes_BxN, start_B, *tree_arg)
-    coins_BxN = _coins(_block_keys(row_keys_B, start_B), len(paths))
+    coins_BxN = _uniforms(_block_keys(row_keys_B, start_B), len(paths))[:, 1]
     cur_B, r_BxV = _walk(_softmax(logits_BxNxV, temperature), _softmax(s.heads_BxDm1xV, q_temperature),
                          s.nodes_BxN, coins_BxN, layout, plant)
     k_hat_B = jnp.asarray(depth_N)[cur_B] + 1
@@ -275,7 +281,8 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
     # token comes from r (the residual of the first rejection, or p at a leaf: the bonus token).
     hidden_Bx___ = decoding._take_rows(hidden, cur_B)  # pylint: disable=protected-access
     heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else s.heads_BxDm1xV
-    nodes_BxN = _next_nodes(r_BxV, heads_BxDm1xV, _block_keys(row_keys_B, length_B + 1), depth_N, temperature)
+    nodes_BxN = _next_nodes(r_BxV, _softmax(heads_BxDm1xV, temperature), _block_keys(row_keys_B, length_B + 1),
+                            depth_N)
     return SamplerState(
         model_state=model_state,
         tokens_BxL=tokens_BxL,
