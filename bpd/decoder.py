@@ -25,7 +25,8 @@ PROGRESS_EVERY_S = 30  # a progress line (with ETA) at most this often during lo
 
 
 class Decoder:
-  """Jitted greedy, blockwise, tree, beam, sampled and speculatively sampled decoding of one model at one maximum output length.
+  """Jitted greedy, blockwise, tree, beam, sampled and speculatively sampled decoding of one model at one maximum
+  output length.
 
   Each method takes the whole batch as a host array (the same on every process). With a `mesh`, the batch
   is split along 'data' and the outputs come back replicated, so that every process can read them all.
