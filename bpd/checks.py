@@ -42,6 +42,10 @@ def check_model(config) -> None:
                     'the paper uses 2..10).')
   if config.model.size not in model_lib.SIZES:
     raise UserError(f'config.model.size={config.model.size!r} is not one of {sorted(model_lib.SIZES)}.')
+  head_type = config.model.head_type
+  if head_type not in model_lib.HEAD_TYPES:
+    raise UserError(f'config.model.head_type={head_type!r} is not one of {model_lib.HEAD_TYPES} (independent: the '
+                    'paper\'s heads; sequential: each head also sees the token proposed before it).')
 
 
 def check_train(config, workdir: str) -> None:
@@ -51,10 +55,10 @@ def check_train(config, workdir: str) -> None:
     raise UserError(f'config.train.regime={tc.regime!r} is not one of {REGIMES}.')
   if tc.head_loss not in HEAD_LOSSES:
     raise UserError(f'config.train.head_loss={tc.head_loss!r} is not one of {HEAD_LOSSES}.')
-  if tc.get('head_learning_rate', 0.0) < 0:
+  if tc.head_learning_rate < 0:
     raise UserError(f'config.train.head_learning_rate={tc.head_learning_rate} must be >= 0 (0: the heads use '
                     'config.train.learning_rate).')
-  noise = tc.get('input_noise', 0.0)
+  noise = tc.input_noise
   if noise < 0 or (noise > 0 and config.data.source != 'images'):
     raise UserError(f'config.train.input_noise={noise}: the std of the noise on the decoder\'s input pixels, in '
                     'intensity levels: >= 0, and 0 unless config.data.source=images.')
@@ -103,7 +107,7 @@ MATMUL_PRECISIONS = ('', 'default', 'high', 'highest')  # '' and three of jax.de
 
 def check_matmul_precision(config) -> str:
   """config.decode.matmul_precision, checked."""
-  precision = config.decode.get('matmul_precision', '')
+  precision = config.decode.matmul_precision
   if precision not in MATMUL_PRECISIONS:
     raise UserError(f'config.decode.matmul_precision={precision!r}: choose one of {MATMUL_PRECISIONS} '
                     "('' keeps the backend's default; 'highest' is full float32).")
@@ -126,14 +130,14 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
       raise UserError(f'config.decode.{field}={tuple(dc[field])}: batch sizes must be at least 1.')
   if dc.max_len < 1:
     raise UserError(f'config.decode.max_len={dc.max_len} must be at least 1.')
-  if dc.get('max_src_len', 1) < 1:
+  if dc.max_src_len < 1:
     raise UserError(f'config.decode.max_src_len={dc.max_src_len} must be at least 1 (longer sources are cut).')
-  if dc.get('timing_repeats', 1) < 1 or dc.get('timing_examples', 0) < 0:
+  if dc.timing_repeats < 1 or dc.timing_examples < 0:
     raise UserError(f'config.decode.timing_repeats={dc.timing_repeats} must be >= 1 and '
                     f'config.decode.timing_examples={dc.timing_examples} >= 0 (0 = time every example).')
-  if dc.get('batch1_examples', 0) < 0:
+  if dc.batch1_examples < 0:
     raise UserError(f'config.decode.batch1_examples={dc.batch1_examples} must be >= 0 (0 = every example).')
-  temperature = dc.get('temperature', 0.0)
+  temperature = dc.temperature
   if temperature < 0:
     raise UserError(f'config.decode.temperature={temperature} must be >= 0 (0: no sampling; 1: the model\'s own '
                     'distribution; below 1 sharper).')
@@ -151,12 +155,13 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
   return sweep
 
 
-def check_trees(config, workdir: str, model_k: int) -> list[tuple[str, tuple | None, decoding.Criterion]]:
+def check_trees(config, workdir: str, model_k: int,
+                head_type: str = 'independent') -> list[tuple[str, tuple | None, decoding.Criterion]]:
   """The tree settings of the sweep, (spec, topology, criterion) for config.decode.trees x config.decode.criteria
   (bpd/trees.py; topology None for 'chain', decoded by blockwise); UserError for a bad spec, for a missing
   WORKDIR/trees.json, for images or for a plain model, before anything compiles. Criteria whose min_block the
   tree cannot force (it lacks the rank-0 path of that length) are left out, logged."""
-  specs = tuple(config.decode.get('trees', ()))
+  specs = tuple(config.decode.trees)
   if not specs:
     return []
   if config.data.source == 'images':
@@ -168,6 +173,9 @@ def check_trees(config, workdir: str, model_k: int) -> list[tuple[str, tuple | N
   settings = []
   for spec in specs:
     paths = trees.parse_tree_spec(spec, model_k, workdir)
+    if paths is not None and head_type == 'sequential':  # 'chain' (None) is the blockwise loop, which it supports
+      raise UserError(f'config.decode.trees={specs}, and the model in {workdir} has sequential heads. '
+                      + model_lib.SEQUENTIAL_TREES)
     zero_path_D = None if paths is None else decoding.tree_layout(paths)['zero_path_D']
     for spec_c in config.decode.criteria:
       criterion = speculative.parse_decode_criterion(spec_c, k=model_k)

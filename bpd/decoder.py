@@ -24,6 +24,28 @@ DECODE_DIR = 'decode'
 PROGRESS_EVERY_S = 30  # a progress line (with ETA) at most this often during long decodes
 
 
+def cache_len(max_len: int, block: int = 0) -> int:
+  """Slots of the self-attention cache for outputs of up to max_len tokens (BOS in slot 0).
+
+  One token at a time (greedy, sampling, beam search: block = 0), a call feeds the newest token into its own slot,
+  below max_len. Blockwise (block = k) and tree decoding (block = N nodes) feed a whole block after the accepted
+  prefix (from slot length + 1), and a row that is done, at length max_len, is still scored with the batch: up to
+  max_len + block + 1 slots (bpd/decoding.py asks for as many). Every decoder takes its cache length from here:
+  too short a cache corrupts outputs silently (dynamic_update_slice clamps a start that would run past the end),
+  see check_cache_len.
+  """
+  return max_len + block + 1
+
+
+def check_cache_len(state, max_len: int, block: int = 0) -> None:
+  """Raises ValueError if the decoder state's self-attention cache is shorter than decoding max_len tokens with
+  blocks of `block` needs (cache_len). Reads static shapes only: free inside jit."""
+  slots, needed = min(layer['v_BxHxLxK'].shape[2] for layer in state['layers']), cache_len(max_len, block)
+  if slots < needed:
+    raise ValueError(f'The decoder cache has {slots} slots; decoding max_len={max_len} tokens in blocks of {block} '
+                     f'needs {needed} (decoder.cache_len(max_len, block)).')
+
+
 class Decoder:
   """Jitted greedy, blockwise, tree, beam, sampled and speculatively sampled decoding of one model at one maximum
   output length.
@@ -77,23 +99,28 @@ class Decoder:
     """The best beam's tokens_BxL."""
     return self._beam_jit(params, self._put(src_BxS), beam_size=beam_size, alpha=alpha)
 
+  def _init(self, init_state, src_BxS, block=0):
+    state = init_state(src_BxS, cache_len(self.max_len, block))
+    check_cache_len(state, self.max_len, block)
+    return state
+
   def _greedy(self, params, src_BxS):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
-    state = init_state(src_BxS, self.max_len + 1)
+    state = self._init(init_state, src_BxS)
     tokens, length, _ = decoding.greedy(score_fn, state, batch_size=src_BxS.shape[0], max_len=self.max_len,
                                         bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
     return tokens, length
 
   def _blockwise(self, params, src_BxS, k, criterion):
     init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
-    state = init_state(src_BxS, self.max_len + k + 1)
+    state = self._init(init_state, src_BxS, block=k)
     return decoding.blockwise(score_fn, propose_fn, state, batch_size=src_BxS.shape[0], k=k,
                               max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
                               criterion=criterion)
 
   def _sample(self, params, src_BxS, temperature, key):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
-    state = init_state(src_BxS, self.max_len + 1)
+    state = self._init(init_state, src_BxS)
     tokens, length, _ = decoding.greedy(sampling_score_fn(score_fn, key, temperature), state,
                                         batch_size=src_BxS.shape[0], max_len=self.max_len,
                                         bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
@@ -102,7 +129,7 @@ class Decoder:
   def _tree(self, params, src_BxS, paths, criterion):
     k = decoding.tree_depth(paths)
     init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=k)
-    state = init_state(src_BxS, self.max_len + len(paths) + 1)
+    state = self._init(init_state, src_BxS, block=len(paths))
     return decoding.tree(score_fn, propose_fn, model_lib.move_cache, state, batch_size=src_BxS.shape[0],
                          paths=paths, k=k, max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
                          criterion=criterion)
@@ -118,7 +145,7 @@ class Decoder:
 
   def _beam(self, params, src_BxS, beam_size, alpha):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
-    state = init_state(src_BxS, self.max_len + 1)
+    state = self._init(init_state, src_BxS)
     tokens, _ = decoding.beam_search(score_fn, state, batch_size=src_BxS.shape[0], beam_size=beam_size,
                                      max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID,
                                      eos_id=self.eos_id, alpha=alpha)

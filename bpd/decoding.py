@@ -31,6 +31,11 @@ Output convention (all three decoders): tokens [B, max_len], the n-th token at i
 Definitions (DESIGN §2; Stern et al. 2018, §3-§4):
   mean accepted block size = tokens produced (EOS included, padding excluded) / decoding iterations,
       both summed over rows (and over the evaluation set by the caller).
+  An iteration produces its accepted block k̂ and, when the scoring model's next token ends the row (EOS, or
+      the max_len-th token), that token too: the verification call already computed it (head 1 at the last
+      accepted position), and it would be accepted unverified, so a further call to accept it alone would be
+      wasted. Block sizes then run 1..k+1. A row whose first token ends it is produced by the initial call
+      alone, with no iteration.
   model invocations = iterations + 1: the combined scoring-and-proposal step verifies block n and
       proposes block n + 1 in one call; one more call at the start proposes the first block.
 """
@@ -121,9 +126,27 @@ def parse_criterion(spec: str, k: int | None = None) -> Criterion:
   return Criterion(kind=kind, top_k=top_k, eps=eps, min_block=min_block)
 
 
-def accept_mask(criterion: Criterion, proposals_BxN: jax.Array, logits_BxNxV: jax.Array) -> jax.Array:
-  """Whether each proposed token passes the check against head 1's logits at the position before it. [B, N]."""
-  best_BxN = jnp.argmax(logits_BxNxV, axis=-1)
+def argmax(logits_Bx___xV: jax.Array) -> jax.Array:
+  """jnp.argmax over the last axis (the first index of the maximum: ties go to the lower id), int32 [B, ...].
+
+  With several rows per batch element ([B, k, V]: verification, proposals) it is taken as the top 1 of lax.top_k,
+  which XLA's CPU backend ran faster than argmax's (value, index) pair reduction there; with one row per element
+  ([B, V], greedy's step) as jnp.argmax, which was faster than top_k there: each loop gets the faster one
+  (experiments/profile_decode.py, experiments/bench_decode.py). Not as max-then-first-index-equal: two reductions
+  that XLA may fuse with two copies of the logits' computation, which can round differently (one contracts a
+  multiply-add, the other not), so that no entry equals "the" maximum.
+  """
+  if logits_Bx___xV.ndim == 2:
+    return jnp.argmax(logits_Bx___xV, axis=-1).astype(jnp.int32)
+  return jax.lax.top_k(logits_Bx___xV, 1)[1][..., 0].astype(jnp.int32)
+
+
+def accept_mask(criterion: Criterion, proposals_BxN: jax.Array, logits_BxNxV: jax.Array,
+                best_BxN: jax.Array | None = None) -> jax.Array:
+  """Whether each proposed token passes the check against head 1's logits at the position before it. [B, N].
+
+  best_BxN: argmax(logits_BxNxV) when the caller has it already (exact and distance need nothing else)."""
+  best_BxN = argmax(logits_BxNxV) if best_BxN is None else best_BxN
   if criterion.kind == 'exact':
     return proposals_BxN == best_BxN
   if criterion.kind == 'distance':
@@ -175,7 +198,7 @@ def greedy_body(score_fn: ScoreFn, *, eos_id: int):
     step, last_B, tokens_BxL, length_B, done_B, state = carry
     # Every row sits at position `step`: a scalar start, so the cache write is one slice, not a per-row scatter.
     logits_Bx1xV, _, state = score_fn(state, last_B[:, None], step)
-    next_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
+    next_B = argmax(logits_Bx1xV[:, 0])
     tokens_BxL = tokens_BxL.at[:, step].set(jnp.where(done_B, PAD_ID, next_B))
     length_B = length_B + (~done_B).astype(jnp.int32)
     done_B = done_B | (next_B == eos_id)
@@ -208,7 +231,7 @@ class DecodeState:
   proposals_BxK: jax.Array    # int32 [B, k]; ŷ_{j+1} .. ŷ_{j+k} for the next iteration
   done_B: jax.Array           # bool [B]; EOS accepted or max_len reached
   iterations_B: jax.Array     # int32 [B]; iterations in which row b was still decoding
-  block_counts_BxK: jax.Array  # int32 [B, k]; [b, n-1] = iterations of row b that accepted n tokens
+  block_counts_BxK: jax.Array  # int32 [B, k + 1]; [b, n-1] = iterations of row b that produced n tokens
   step: jax.Array             # int32 []; loop iterations (= model invocations - 1)
 
 
@@ -217,32 +240,51 @@ class BlockwiseResult:
   tokens_BxL: jax.Array        # int32 [B, max_len]
   length_B: jax.Array          # int32 [B]; tokens produced, EOS included
   iterations_B: jax.Array      # int32 [B]
-  block_counts_BxK: jax.Array  # int32 [B, k]; histogram of accepted block sizes 1..k
+  block_counts_BxK: jax.Array  # int32 [B, k + 1]; histogram of the tokens produced per iteration, 1..k+1
   invocations: jax.Array       # int32 []; model calls for the whole batch (loop iterations + 1)
 
 
-def _proposals(logits_BxV, hidden_Bx___, propose_fn, k):
-  """ŷ_{j+1} from head 1, ŷ_{j+2..j+k} from heads 2..k, all at the last accepted position. [B, k]."""
-  head1_Bx1 = jnp.argmax(logits_BxV, axis=-1)[:, None]
+def _proposals(head1_B, hidden_Bx___, propose_fn, k):
+  """ŷ_{j+1} = head1_B (head 1's argmax), ŷ_{j+2..j+k} from heads 2..k, all at the last accepted position. [B, k]."""
+  head1_Bx1 = head1_B[:, None].astype(jnp.int32)
   if k == 1:
-    return head1_Bx1.astype(jnp.int32)
-  rest_BxKm1 = jnp.argmax(propose_fn(hidden_Bx___), axis=-1)
-  return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1).astype(jnp.int32)
+    return head1_Bx1
+  rest_BxKm1 = argmax(propose_fn(hidden_Bx___))
+  return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1)
+
+
+def _end_with_next_token(tokens_BxL, length_B, done_B, next_B, *, eos_id: int, max_len: int):
+  """Appends the scoring model's next token next_B (head 1's argmax after the accepted prefix) where it ends the
+  row: it is EOS, or the max_len-th token. The next iteration would accept it unverified (ŷ_{j+1} always passes)
+  and nothing else, a model call for nothing. Returns (tokens_BxL, length_B, done_B, ended_B).
+
+  Writing next_B at length_B in the other rows too is harmless: the next iteration writes its proposals from there,
+  the first of which is next_B; finished rows are masked past their length at the end.
+  """
+  ended_B = ~done_B & ((next_B == eos_id) | (length_B + 1 >= max_len))
+  tokens_BxL = tokens_BxL.at[jnp.arange(length_B.shape[0]), length_B].set(next_B)
+  return tokens_BxL, length_B + ended_B.astype(jnp.int32), done_B | ended_B, ended_B
 
 
 def blockwise_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
-                   bos_id: int) -> DecodeState:
+                   bos_id: int, eos_id: int) -> DecodeState:
   """The first model invocation (it only proposes ŷ_1..ŷ_k from BOS) and the loop's initial DecodeState."""
   B = batch_size
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
+  proposals_BxK = _proposals(argmax(logits_Bx1xV[:, 0]), _take_rows(hidden, jnp.zeros((B,), jnp.int32)),
+                             propose_fn, k)
+  # A row whose first token is EOS (or max_len = 1) is done with this call.
+  tokens_BxL, length_B, done_B, _ = _end_with_next_token(
+      jnp.zeros((B, max_len + k), jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool),
+      proposals_BxK[:, 0], eos_id=eos_id, max_len=max_len)
   return DecodeState(
       model_state=state,
-      tokens_BxL=jnp.zeros((B, max_len + k), jnp.int32),
-      length_B=jnp.zeros((B,), jnp.int32),
-      proposals_BxK=_proposals(logits_Bx1xV[:, 0], _take_rows(hidden, jnp.zeros((B,), jnp.int32)), propose_fn, k),
-      done_B=jnp.zeros((B,), bool),
+      tokens_BxL=tokens_BxL,
+      length_B=length_B,
+      proposals_BxK=proposals_BxK,
+      done_B=done_B,
       iterations_B=jnp.zeros((B,), jnp.int32),
-      block_counts_BxK=jnp.zeros((B, k), jnp.int32),
+      block_counts_BxK=jnp.zeros((B, k + 1), jnp.int32),
       step=jnp.int32(0))
 
 
@@ -255,7 +297,9 @@ def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len:
     proposals_BxK = s.proposals_BxK
     # Verify: position j+i carries ŷ_{j+i}; its head-1 output scores ŷ_{j+i+1}.
     logits_BxKxV, hidden, model_state = score_fn(s.model_state, proposals_BxK, s.length_B + 1)
-    checks_BxKm1 = accept_mask(criterion, proposals_BxK[:, 1:], logits_BxKxV[:, :-1])
+    # One argmax over all k positions: the first k - 1 check proposals 2..k, the last accepted one is ŷ_{j+k̂+1}.
+    best_BxK = argmax(logits_BxKxV)
+    checks_BxKm1 = accept_mask(criterion, proposals_BxK[:, 1:], logits_BxKxV[:, :-1], best_BxK[:, :-1])
     k_hat_B = jnp.minimum(block_size(criterion, checks_BxKm1), k)
     # Stop at the first EOS inside the accepted block, and at max_len.
     eos_in_block_BxK = (proposals_BxK == eos_id) & (jnp.arange(k)[None, :] < k_hat_B[:, None])
@@ -270,16 +314,20 @@ def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len:
         s.tokens_BxL, proposals_BxK, jnp.minimum(s.length_B, max_len))
     length_B = s.length_B + k_hat_B
     last_B = jnp.maximum(k_hat_B - 1, 0)  # index in this block of the last accepted position, j + k̂
-    next_BxK = _proposals(logits_BxKxV[jnp.arange(B), last_B], _take_rows(hidden, last_B), propose_fn, k)
+    next_BxK = _proposals(best_BxK[jnp.arange(B), last_B], _take_rows(hidden, last_B), propose_fn, k)
+    tokens_BxL, length_B, done_B, ended_B = _end_with_next_token(
+        tokens_BxL, length_B, s.done_B | has_eos_B | (length_B >= max_len), next_BxK[:, 0], eos_id=eos_id,
+        max_len=max_len)
+    produced_B = k_hat_B + ended_B.astype(jnp.int32)
     return DecodeState(
         model_state=model_state,
         tokens_BxL=tokens_BxL,
         length_B=length_B,
         proposals_BxK=next_BxK,
-        done_B=s.done_B | has_eos_B | (length_B >= max_len),
+        done_B=done_B,
         iterations_B=s.iterations_B + active_B.astype(jnp.int32),
         block_counts_BxK=s.block_counts_BxK + (
-            active_B[:, None] & (jnp.arange(1, k + 1)[None, :] == k_hat_B[:, None])).astype(jnp.int32),
+            active_B[:, None] & (jnp.arange(1, k + 2)[None, :] == produced_B[:, None])).astype(jnp.int32),
         step=s.step + 1)
   return body
 
@@ -299,7 +347,8 @@ def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_siz
   def cond(s: DecodeState):
     return (s.step < max_len) & ~jnp.all(s.done_B)
 
-  first = blockwise_init(score_fn, propose_fn, state, batch_size=batch_size, k=k, max_len=max_len, bos_id=bos_id)
+  first = blockwise_init(score_fn, propose_fn, state, batch_size=batch_size, k=k, max_len=max_len, bos_id=bos_id,
+                         eos_id=eos_id)
   body = blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=eos_id, criterion=criterion)
   s = jax.lax.while_loop(cond, body, first)
   return BlockwiseResult(
@@ -410,7 +459,7 @@ class TreeState:
   root_ok_BxN: jax.Array      # bool [B, N]; depth-0 nodes: passed the check against head 1 at j; others True
   done_B: jax.Array           # bool [B]
   iterations_B: jax.Array     # int32 [B]
-  block_counts_BxD: jax.Array  # int32 [B, D]; [b, n-1] = iterations of row b that accepted n tokens
+  block_counts_BxD: jax.Array  # int32 [B, D + 1]; [b, n-1] = iterations of row b that produced n tokens
   step: jax.Array             # int32 []
 
 
@@ -426,7 +475,7 @@ def _tree_nodes(logits_BxV, hidden_Bx___, propose_fn, layout, criterion):
     heads_BxDxV = jnp.concatenate([heads_BxDxV, propose_fn(hidden_Bx___)[:, :depth - 1]], axis=1)
   ranks = int(layout['rank_N'].max()) + 1
   if ranks == 1:
-    choices_BxDxR = jnp.argmax(heads_BxDxV, axis=-1)[..., None]
+    choices_BxDxR = argmax(heads_BxDxV)[..., None]
   else:
     choices_BxDxR = jax.lax.top_k(heads_BxDxV, ranks)[1]  # ties: the lower id first, as argmax breaks them
   nodes_BxN = choices_BxDxR[:, layout['depth_N'], layout['rank_N']].astype(jnp.int32)
@@ -438,22 +487,26 @@ def _tree_nodes(logits_BxV, hidden_Bx___, propose_fn, layout, criterion):
 
 
 def tree_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, paths: TreePaths,
-              max_len: int, bos_id: int, criterion: Criterion = Criterion()) -> TreeState:
+              max_len: int, bos_id: int, eos_id: int, criterion: Criterion = Criterion()) -> TreeState:
   """The first model invocation (it only proposes the first tree from BOS) and the loop's initial TreeState."""
   B, layout = batch_size, tree_layout(paths)
   depth = tree_depth(paths)
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
   nodes_BxN, root_ok_BxN = _tree_nodes(logits_Bx1xV[:, 0], _take_rows(hidden, jnp.zeros((B,), jnp.int32)),
                                        propose_fn, layout, criterion)
+  # A row whose first token is EOS (or max_len = 1) is done with this call (_end_with_next_token).
+  tokens_BxL, length_B, done_B, _ = _end_with_next_token(
+      jnp.zeros((B, max_len + depth), jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool),
+      argmax(logits_Bx1xV[:, 0]), eos_id=eos_id, max_len=max_len)
   return TreeState(
       model_state=state,
-      tokens_BxL=jnp.zeros((B, max_len + depth), jnp.int32),
-      length_B=jnp.zeros((B,), jnp.int32),
+      tokens_BxL=tokens_BxL,
+      length_B=length_B,
       nodes_BxN=nodes_BxN,
       root_ok_BxN=root_ok_BxN,
-      done_B=jnp.zeros((B,), bool),
+      done_B=done_B,
       iterations_B=jnp.zeros((B,), jnp.int32),
-      block_counts_BxD=jnp.zeros((B, depth), jnp.int32),
+      block_counts_BxD=jnp.zeros((B, depth + 1), jnp.int32),
       step=jnp.int32(0))
 
 
@@ -501,18 +554,22 @@ def tree_body(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, *, path
         s.tokens_BxL, block_BxD, jnp.minimum(s.length_B, max_len))
     length_B = s.length_B + k_hat_B
     last_B = jnp.take_along_axis(path_BxD, jnp.maximum(k_hat_B - 1, 0)[:, None], axis=1)[:, 0]  # node of j + k̂
-    nodes_BxN, root_ok_BxN = _tree_nodes(logits_BxNxV[jnp.arange(B), last_B], _take_rows(hidden, last_B),
-                                         propose_fn, layout, criterion)
+    logits_BxV = logits_BxNxV[jnp.arange(B), last_B]
+    nodes_BxN, root_ok_BxN = _tree_nodes(logits_BxV, _take_rows(hidden, last_B), propose_fn, layout, criterion)
+    tokens_BxL, length_B, done_B, ended_B = _end_with_next_token(
+        tokens_BxL, length_B, s.done_B | has_eos_B | (length_B >= max_len), argmax(logits_BxV), eos_id=eos_id,
+        max_len=max_len)
+    produced_B = k_hat_B + ended_B.astype(jnp.int32)
     return TreeState(
         model_state=model_state,
         tokens_BxL=tokens_BxL,
         length_B=length_B,
         nodes_BxN=nodes_BxN,
         root_ok_BxN=root_ok_BxN,
-        done_B=s.done_B | has_eos_B | (length_B >= max_len),
+        done_B=done_B,
         iterations_B=s.iterations_B + active_B.astype(jnp.int32),
         block_counts_BxD=s.block_counts_BxD + (
-            active_B[:, None] & (jnp.arange(1, depth + 1)[None, :] == k_hat_B[:, None])).astype(jnp.int32),
+            active_B[:, None] & (jnp.arange(1, depth + 2)[None, :] == produced_B[:, None])).astype(jnp.int32),
         step=s.step + 1)
   return body
 
@@ -526,7 +583,7 @@ def tree(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, state: Any, 
   tree_depth(paths)). One model invocation per iteration, as the chain: score_fn is called with the tree
   (depth_N, ancestor_NxN) as a fourth argument. The state needs a cache of at least max_len + N + 1 slots.
   With the one-path tree chain_tree(k) the result equals `blockwise` with k heads exactly. The result's
-  block_counts_BxK has D columns.
+  block_counts_BxK has D + 1 columns.
   """
   paths = check_tree(paths, k)
   zero_path_D = tree_layout(paths)['zero_path_D']
@@ -538,7 +595,7 @@ def tree(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, state: Any, 
     return (s.step < max_len) & ~jnp.all(s.done_B)
 
   first = tree_init(score_fn, propose_fn, state, batch_size=batch_size, paths=paths, max_len=max_len, bos_id=bos_id,
-                    criterion=criterion)
+                    eos_id=eos_id, criterion=criterion)
   body = tree_body(score_fn, propose_fn, move_fn, paths=paths, max_len=max_len, eos_id=eos_id, criterion=criterion)
   s = jax.lax.while_loop(cond, body, first)
   return BlockwiseResult(

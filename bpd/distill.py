@@ -16,10 +16,11 @@ import jax
 
 from bpd import checkpoint
 from bpd import checks
-from bpd import evaluate
+from bpd import decoder as decoder_lib
 from bpd import metrics
 from bpd import model as model_lib
 from bpd import sharding
+from bpd import tasks
 from bpd.data import batching
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
@@ -32,10 +33,10 @@ def distill(config, workdir: str) -> str:
   checks.check_distill(config, workdir)
   data = config.data.copy_and_resolve_references()
   data.distilled_from = ''
-  mesh = sharding.make_mesh(config.get('model_axis_size', 1))
+  mesh = sharding.make_mesh(config.model_axis_size)
   model_config, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
-  decoder = evaluate.Decoder(model_lib.Transformer(model_config), config.distill.max_len, mesh)
+  decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.distill.max_len, mesh)
   batch_size = sharding.decode_batch_size(config.distill.batch_size, mesh)
   src, _ = pipeline.load_split(data, data.train_split, config.seed)
   out_dir = os.path.join(workdir, pipeline.DISTILL_DIR)
@@ -55,10 +56,10 @@ def distill(config, workdir: str) -> str:
       continue
     sentences = src[chunk * CHUNK:(chunk + 1) * CHUNK]
     src_ids, _, _ = batching.encode_pairs(tokenizer, sentences, sentences, data.max_len, truncate=True)
-    outputs, _ = evaluate.run_batches(
+    outputs, _ = decoder_lib.run_batches(
         lambda s: decoder.beam(params, s, beam_size=config.distill.beam_size, alpha=config.distill.alpha),
         src_ids, batch_size)
-    evaluate.write_lines(part_path(chunk), [tokenizer.decode(o) for o in outputs])
+    tasks.write_lines(part_path(chunk), [tokenizer.decode(o) for o in outputs])
     logging.info('%s', progress.line(chunk + 1))
 
   if jax.process_index() == 0:  # the writer of every part
@@ -72,8 +73,8 @@ def distill(config, workdir: str) -> str:
     if not all(fits):
       logging.info('Left %d of %d sources out of the distilled corpus: longer than data.max_len=%d tokens.',
                    fits.count(False), len(src), data.max_len)
-    evaluate.write_lines(os.path.join(out_dir, f'train.{data.src_lang}'), [s for s, f in zip(src, fits) if f])
-    evaluate.write_lines(os.path.join(out_dir, f'train.{data.tgt_lang}'), [t for t, f in zip(targets, fits) if f])
+    tasks.write_lines(os.path.join(out_dir, f'train.{data.src_lang}'), [s for s, f in zip(src, fits) if f])
+    tasks.write_lines(os.path.join(out_dir, f'train.{data.tgt_lang}'), [t for t, f in zip(targets, fits) if f])
   sharding.barrier('distill corpus')  # on return, the corpus exists for every process
   logging.info('Wrote the distilled corpus to %s; train on it with --config.data.distilled_from=%s', out_dir, workdir)
   return out_dir

@@ -23,6 +23,7 @@ simply divide among the devices; batch sizes are rounded up to a multiple of the
 dropped after). Every process decodes; process 0 alone writes files.
 """
 
+import dataclasses
 import os
 
 from absl import logging
@@ -39,41 +40,52 @@ from bpd import sharding
 from bpd import speculative
 from bpd import tasks
 
-# Moved to bpd/decoder.py and bpd/tasks.py; the names stay here for the callers that use them as
-# evaluate.Decoder, evaluate.run_batches, evaluate.bleu, ... .
-DECODE_DIR = decoder_lib.DECODE_DIR
-Decoder = decoder_lib.Decoder
-source_bucket = decoder_lib.source_bucket
-run_batches = decoder_lib.run_batches
-setting_name = decoder_lib.setting_name
-time_side_by_side = decoder_lib.time_side_by_side
-bleu = tasks.bleu
-write_lines = tasks.write_lines
+@dataclasses.dataclass(frozen=True)
+class SplitData:
+  """One evaluation split as decode_split reads it: the sources, and what the outputs are scored against."""
+  name: str
+  src_ids: list  # one id array per example, in source order (images: the 8x8 input's sub-pixels)
+  references: list  # translations: reference sentences; images: the 32x32 originals
+  inputs: list  # what the task's baselines start from (images: the 8x8 inputs; translation: unused)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSettings:
+  """What decode_split decodes a split with, and how it times it."""
+  sweep: tuple  # (k', criterion) chains (checks.check_decode)
+  tree_sweep: tuple = ()  # (tree spec, paths, criterion) (checks.check_trees)
+  temperature: float = 0.0  # > 0: also a sampled row at this temperature
+  seed: int = 0  # the sampled row's seed
+  timing_examples: int = 0  # time on the first N examples (0: all)
+  timing_repeats: int = 1  # alternate greedy / setting runs this many times; medians
 
 
 def _decode_setting(fn, src_ids, batch_size, bucket, what):
   """fn(src_BxS) over every example: (outputs in source order, seconds), after compiling and running once on
   the first batch (at the split's bucket, so that the full decode reuses that shape)."""
-  run_batches(fn, src_ids[:batch_size], batch_size, bucket=bucket)
-  return run_batches(fn, src_ids, batch_size, what, bucket=bucket)
+  decoder_lib.run_batches(fn, src_ids[:batch_size], batch_size, bucket=bucket)
+  return decoder_lib.run_batches(fn, src_ids, batch_size, what, bucket=bucket)
 
 
-def decode_split(task, decoder, params, tokenizer, split, src_ids, references, inputs, sweep, batch_size,
-                 out_dir, model_k, step, timing_examples=0, timing_repeats=1, temperature=0.0, seed=0, tree_sweep=()):
-  """Greedy, then sampling (if temperature > 0), then every (k', criterion) of the sweep, then every (tree spec,
-  topology, criterion) of tree_sweep (checks.check_trees) on one split at one batch size. Returns (records,
+def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: SweepSettings, batch_size, out_dir,
+                 model_k, step):
+  """Greedy, then sampling (if settings.temperature > 0), then every (k', criterion) of settings.sweep, then every
+  (tree spec, topology, criterion) of settings.tree_sweep on one split at one batch size. Returns (records,
   {setting name: outputs}); a record's 'tree' is its tree spec ('chain' for the sweep's chains) and 'tree_nodes'
   its number of nodes (k' for a chain).
 
-  `task` (bpd/tasks.py) turns tokens into outputs (sentences or images), scores them against `references`
-  (quality: BLEU or PSNR, plus its own fields), adds its baselines from `inputs` and writes one output file per
+  `task` (bpd/tasks.py) turns tokens into outputs (sentences or images), scores them against data.references
+  (quality: BLEU or PSNR, plus its own fields), adds its baselines from data.inputs and writes one output file per
   setting. Quality and acceptance come from decoding every example. Speed comes from `time_side_by_side` on
-  the first `timing_examples` examples (0: all), `timing_repeats` times each: greedy_seconds and seconds of a
-  record are medians measured next to each other, and speedup is their ratio. The timed batches are padded
-  to the whole split's source bucket, the shape that was compiled and warmed up for the full decode
+  the first settings.timing_examples examples (0: all), settings.timing_repeats times each: greedy_seconds and
+  seconds of a record are medians measured next to each other, and speedup is their ratio. The timed batches are
+  padded to the whole split's source bucket, the shape that was compiled and warmed up for the full decode
   (a subset's own, shorter bucket would compile inside the first timed run).
   """
-  bucket = source_bucket(src_ids)
+  split, src_ids, references, inputs = data.name, data.src_ids, data.references, data.inputs
+  sweep, tree_sweep, temperature, seed = settings.sweep, settings.tree_sweep, settings.temperature, settings.seed
+  timing_examples, timing_repeats = settings.timing_examples, settings.timing_repeats
+  bucket = decoder_lib.source_bucket(src_ids)
   timing_ids = src_ids[:timing_examples] if timing_examples else src_ids
   greedy_fn = lambda src: decoder.greedy(params, src)
   greedy_out, _ = _decode_setting(greedy_fn, src_ids, batch_size, bucket, f'{split} greedy b{batch_size}')
@@ -81,8 +93,8 @@ def decode_split(task, decoder, params, tokenizer, split, src_ids, references, i
   greedy_outputs = task.outputs(tokenizer, greedy_tokens)
   greedy_count = int(sum(int(o[1]) for o in greedy_out))
   greedy_scores = task.scores(greedy_outputs, references, greedy_outputs)
-  greedy_seconds, = time_side_by_side([greedy_fn], timing_ids, batch_size, timing_repeats, bucket,
-                                      f'{split} greedy b{batch_size}')
+  greedy_seconds, = decoder_lib.time_side_by_side([greedy_fn], timing_ids, batch_size, timing_repeats, bucket,
+                                                  f'{split} greedy b{batch_size}')
   task.write_outputs(os.path.join(out_dir, f'{split}.greedy.b{batch_size}'), greedy_outputs)
   baselines = task.baselines(inputs, references)
   base = {'split': split, 'batch_size': batch_size, 'examples': len(src_ids), 'step': step, 'model_k': model_k,
@@ -102,8 +114,8 @@ def decode_split(task, decoder, params, tokenizer, split, src_ids, references, i
     """Decodes every example with fn, times it next to the baseline (greedy; ancestral sampling for speculative
     sampling), scores and writes its outputs."""
     out, _ = _decode_setting(fn, src_ids, batch_size, bucket, f'{split} {name} b{batch_size}')
-    g_seconds, seconds = time_side_by_side([baseline_fn, fn], timing_ids, batch_size, timing_repeats, bucket,
-                                           f'{split} {name} b{batch_size}')
+    g_seconds, seconds = decoder_lib.time_side_by_side([baseline_fn, fn], timing_ids, batch_size, timing_repeats,
+                                                       bucket, f'{split} {name} b{batch_size}')
     tokens = [o[0] if isinstance(o, tuple) else o.tokens_BxL for o in out]
     outputs = task.outputs(tokenizer, tokens)
     outputs_by_name[name] = outputs
@@ -115,7 +127,7 @@ def decode_split(task, decoder, params, tokenizer, split, src_ids, references, i
   sample_fn = lambda src: decoder.sample(params, src, temperature, seed)
   if temperature > 0:  # ancestral sampling: the baseline of the 'speculative' rows
     criterion = f'sample:{temperature:g}'
-    out, fields = measure(setting_name(1, criterion), sample_fn)
+    out, fields = measure(decoder_lib.setting_name(1, criterion), sample_fn)
     count = int(sum(int(o[1]) for o in out))
     records.append({**base, **one_per_call, 'iterations': count, 'invocations': count, 'tokens': count,
                     'criterion': criterion, 'temperature': float(temperature), 'seed': seed, **fields})
@@ -125,7 +137,7 @@ def decode_split(task, decoder, params, tokenizer, split, src_ids, references, i
   settings += [(decoding.tree_depth(paths) if paths else model_k, criterion, spec, paths)
                for spec, paths, criterion in tree_sweep]
   for k, criterion, tree_spec, paths in settings:
-    name = setting_name(k, criterion, tree_spec)
+    name = decoder_lib.setting_name(k, criterion, tree_spec)
     batch_invocations = []  # model calls of each batch: its slowest row decides when the batch is done
 
     def blockwise_fn(src, k=k, criterion=criterion, paths=paths, calls=batch_invocations):
@@ -168,7 +180,7 @@ def decode_sweep(config, workdir: str) -> list[dict]:
   precision = checks.check_matmul_precision(config)
   # '' -> None: the backend's default. On GPUs and TPUs the default float32 matmul may round through TF32 /
   # bfloat16 passes; results then depend on the shapes of the call (batch size, tokens per call) by more than
-  # float32 rounding, argmax near-ties flip, and `exact` rows stop matching greedy (README, Super-resolution).
+  # float32 rounding, argmax near-ties flip, and `exact` rows stop matching greedy (docs/results/gpu.md).
   # 'highest' asks for full float32.
   with jax.default_matmul_precision(precision or None):
     return _decode_sweep(config, workdir)
@@ -179,12 +191,15 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
   model_config = checkpoint.read_model_config(workdir)
   sweep = checks.check_decode(config, workdir, model_config.k)
   task.check_decode(config)
-  tree_sweep = checks.check_trees(config, workdir, model_config.k)
-  mesh = sharding.make_mesh(config.get('model_axis_size', 1))
+  settings = SweepSettings(sweep, checks.check_trees(config, workdir, model_config.k, model_config.head_type),
+                           config.decode.temperature, config.decode.seed, config.decode.timing_examples,
+                           config.decode.timing_repeats)
+  mesh = sharding.make_mesh(config.model_axis_size)
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = task.tokenizer_for_decoding(workdir)
-  decoder = Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh, eos_id=task.eos_id)
-  out_dir = os.path.join(workdir, DECODE_DIR)
+  decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh,
+                                eos_id=task.eos_id)
+  out_dir = os.path.join(workdir, decoder_lib.DECODE_DIR)
   if jax.process_index() == 0:
     os.makedirs(out_dir, exist_ok=True)
   records = []
@@ -194,12 +209,11 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
     for i, batch_size in enumerate(config.decode.batch_sizes):
       # Batch 1 is where the speedup is measured, and one example at a time is slow (a 3072-step image): it
       # may decode only the first few examples (quality is then read at the larger batch sizes).
-      n = config.decode.get('batch1_examples', 0) if batch_size == 1 else 0
+      n = config.decode.batch1_examples if batch_size == 1 else 0
       batch_size = sharding.decode_batch_size(batch_size, mesh)
-      split_records, outputs_by_name = decode_split(
-          task, decoder, params, tokenizer, split, src_ids[:n or None], references[:n or None],
-          inputs[:n or None], sweep, batch_size, out_dir, model_config.k, step, config.decode.timing_examples,
-          config.decode.timing_repeats, config.decode.get('temperature', 0.0), config.decode.get('seed', 0), tree_sweep)
+      data = SplitData(split, src_ids[:n or None], references[:n or None], inputs[:n or None])
+      split_records, outputs_by_name = decode_split(task, decoder, params, tokenizer, data, settings, batch_size,
+                                                    out_dir, model_config.k, step)
       records += split_records
       if jax.process_index() == 0:
         report.write(records, out_dir, task.columns)  # after every batch size: an interrupted sweep keeps it
@@ -208,7 +222,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
         if not grid_written and (not n or i == len(config.decode.batch_sizes) - 1):
           grid_written = True
           task.write_grid(os.path.join(out_dir, f'{split}.grid.png'), inputs[:n or None], references[:n or None],
-                          outputs_by_name, config.decode.get('grid_examples', 8))
+                          outputs_by_name, config.decode.grid_examples)
   if jax.process_index() == 0:
     print(report.markdown_table(records, task.columns))
   return records

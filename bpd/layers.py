@@ -127,25 +127,31 @@ def intensity_prior(guess_Bx___: jax.Array, sigma: float, vocab_size: int) -> ja
 def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype, heads_major=False) -> jax.Array:
   """Scaled dot-product attention; softmax in float32. Returns [B, T, H, K].
 
-  heads_major: keys and values come as [B, H, S, K] (the decoding caches' layout, `attend_cached`).
+  heads_major: the decoding caches' layout (`attend_cached`): keys come as [B, H, K, S], values as [B, H, S, K].
   """
-  kv = 'bhsk' if heads_major else 'bshk'
   depth = q_BxTxHxK.shape[-1]
-  logits_BxHxTxS = jnp.einsum(f'bthk,{kv}->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
+  keys = 'bhks' if heads_major else 'bshk'
+  logits_BxHxTxS = jnp.einsum(f'bthk,{keys}->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
   logits_BxHxTxS = logits_BxHxTxS / np.sqrt(depth).astype(np.float32)
   logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, NEG_INF)
   weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
-  return jnp.einsum(f'bhts,{kv}->bthk', weights_BxHxTxS, v_BxSxHxK)
+  if heads_major:
+    # Output heads-major, then transposed: written as one einsum to 'bthk', XLA's CPU backend computed the
+    # product as V^T W^T with the cache as the transposed operand, several times slower than the transpose of the
+    # small [B, H, T, K] result (experiments/profile_decode.py).
+    return jnp.swapaxes(jnp.einsum('bhts,bhsk->bhtk', weights_BxHxTxS, v_BxSxHxK), 1, 2)
+  return jnp.einsum('bhts,bshk->bthk', weights_BxHxTxS, v_BxSxHxK)
 
 
-def attend_cached(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Array:
-  """`attend` with keys and values stored heads-major, [B, H, S, K], as the decoding caches are.
+def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Array:
+  """`attend` with the decoding caches' layouts: keys [B, H, K, S], values [B, H, S, K]. Returns [B, T, H, K].
 
-  Why a second layout: with [B, S, H, K] caches XLA's CPU backend transposed every layer's whole key cache on
-  every decoding call to form the per-head products, 2.3 ms of a 18 ms greedy step at batch 32 (issue #12);
-  heads-major, each (b, h) product reads a contiguous [S, K] block. Returns [B, T, H, K].
+  Why other layouts than training's [B, S, H, K]: each (b, h) product should read its operand as a plain
+  row-major matrix, q [T, K] @ keys [K, S] and weights [T, S] @ values [S, K]. With [B, S, H, K] caches XLA's
+  CPU backend transposed every layer's whole key cache on every decoding call, and with keys [B, H, S, K] it
+  still copied each layer's key cache to [B, H, K, S] after writing the new keys (experiments/profile_decode.py).
   """
-  return attend(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask_BxTxS, dtype, heads_major=True)
+  return attend(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dtype, heads_major=True)
 
 
 def local_block_attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, block: int, dtype) -> jax.Array:
@@ -229,13 +235,17 @@ def tree_self_mask(start_B: jax.Array, batch: int, cache_len: int, depth_N, ance
   return mask_BxNxL, key_positions_BxL
 
 
-def move_slots(cache_BxHxLxK: jax.Array, start_B: jax.Array, source_BxD: jax.Array) -> jax.Array:
-  """cache[b, :, start_B[b] + d] = cache[b, :, start_B[b] + source_BxD[b, d]] for every d (all read first).
+def move_slots(cache: jax.Array, start_B: jax.Array, source_BxD: jax.Array, axis: int) -> jax.Array:
+  """cache[b, ..., start_B[b] + d, ...] = cache[b, ..., start_B[b] + source_BxD[b, d], ...] along the slot axis
+  `axis`, for every d (all read first): [B, H, L, K] values (axis 2) or [B, H, K, L] keys (axis 3).
 
   Tree decoding: the accepted path's keys and values, written at their node slots, move to contiguous slots.
   """
-  index_Bx1xDx1 = (start_B[:, None] + source_BxD)[:, None, :, None]
-  return write_rows(cache_BxHxLxK, jnp.take_along_axis(cache_BxHxLxK, index_Bx1xDx1, axis=2), start_B, axis=2)
+  index_BxD = start_B[:, None] + source_BxD
+  shape = [1] * cache.ndim
+  shape[0], shape[axis] = index_BxD.shape
+  moved = jnp.take_along_axis(cache, index_BxD.reshape(shape), axis=axis)
+  return write_rows(cache, moved, start_B, axis=axis)
 
 
 class MultiHeadAttention(nn.Module):
@@ -267,9 +277,9 @@ class MultiHeadAttention(nn.Module):
     out_BxTxHxK = attend(self.query(x_BxTxD), k_BxSxHxK, v_BxSxHxK, mask_BxTxS, self.dtype)
     return self.dropout(self.out(out_BxTxHxK), deterministic=deterministic)
 
-  def attend_cache(self, x_BxTxD, k_BxHxSxK, v_BxHxSxK, mask_BxTxS):
-    """Attend from x to cached heads-major keys and values (decoding; see `attend_cached`). Returns [B, T, D]."""
-    return self.out(attend_cached(self.query(x_BxTxD), k_BxHxSxK, v_BxHxSxK, mask_BxTxS, self.dtype))
+  def attend_cache(self, x_BxTxD, k_BxHxKxS, v_BxHxSxK, mask_BxTxS):
+    """Attend from x to cached keys [B, H, K, S] and values [B, H, S, K] (decoding; `attend_cached`). [B, T, D]."""
+    return self.out(attend_cached(self.query(x_BxTxD), k_BxHxKxS, v_BxHxSxK, mask_BxTxS, self.dtype))
 
   def __call__(self, x_BxTxD, y_BxSxD, mask_BxTxS, deterministic=True):
     k_BxSxHxK, v_BxSxHxK = self.project_kv(y_BxSxD)
@@ -361,13 +371,16 @@ class DecoderLayer(nn.Module):
     return self.cross_attn.project_kv(enc_BxSxD)
 
   def init_cache(self, enc_BxSxD, cache_len: int):
-    """A zero self-attention cache of `cache_len` positions plus this layer's cross-attention keys/values, all
-    heads-major ([B, H, L or S, K], see `attend_cached`): the cross keys/values are transposed once here."""
+    """A zero self-attention cache of `cache_len` slots plus this layer's cross-attention keys/values, in the
+    layouts `attend_cached` reads (keys [B, H, K, L or S], values [B, H, L or S, K]): the cross keys and values,
+    which never change during a decode, are transposed once here."""
     batch = enc_BxSxD.shape[0]
     head_dim = self.d_model // self.num_heads
-    cross_k, cross_v = (jnp.swapaxes(x, 1, 2) for x in self.cross_kv(enc_BxSxD))
-    zeros = jnp.zeros((batch, self.num_heads, cache_len, head_dim), self.dtype)
-    return {'k_BxHxLxK': zeros, 'v_BxHxLxK': zeros, 'cross_k_BxHxSxK': cross_k, 'cross_v_BxHxSxK': cross_v}
+    cross_k_BxSxHxK, cross_v_BxSxHxK = self.cross_kv(enc_BxSxD)
+    return {'k_BxHxKxL': jnp.zeros((batch, self.num_heads, head_dim, cache_len), self.dtype),
+            'v_BxHxLxK': jnp.zeros((batch, self.num_heads, cache_len, head_dim), self.dtype),
+            'cross_k_BxHxKxS': jnp.transpose(cross_k_BxSxHxK, (0, 2, 3, 1)),
+            'cross_v_BxHxSxK': jnp.swapaxes(cross_v_BxSxHxK, 1, 2)}
 
   def extend(self, x_BxTxD, cache, start_B, cross_mask_BxTxS, tree=None):
     """Run T new positions per row, at positions start_B[b] .. start_B[b] + T - 1. Returns (y_BxTxD, cache).
@@ -377,9 +390,9 @@ class DecoderLayer(nn.Module):
     """
     h = self.ln_self(x_BxTxD)
     k_new_BxTxHxK, v_new_BxTxHxK = self.self_attn.project_kv(h)
-    k_BxHxLxK = write_rows(cache['k_BxHxLxK'], jnp.swapaxes(k_new_BxTxHxK, 1, 2), start_B, axis=2)
+    k_BxHxKxL = write_rows(cache['k_BxHxKxL'], jnp.transpose(k_new_BxTxHxK, (0, 2, 3, 1)), start_B, axis=3)
     v_BxHxLxK = write_rows(cache['v_BxHxLxK'], jnp.swapaxes(v_new_BxTxHxK, 1, 2), start_B, axis=2)
-    batch, num_new, cache_len = x_BxTxD.shape[0], x_BxTxD.shape[1], k_BxHxLxK.shape[2]
+    batch, num_new, cache_len = x_BxTxD.shape[0], x_BxTxD.shape[1], v_BxHxLxK.shape[2]
     if tree is None:
       query_pos_BxT = query_positions(start_B, batch, num_new)
       # A query sees cached positions up to its own; later slots (stale or empty) are masked.
@@ -393,12 +406,12 @@ class DecoderLayer(nn.Module):
       # `local_block_attend` gives in training. The cache stays full-length; this mask makes the paths equal.
       key_block_BxL = key_pos_BxL // self.attention_block
       self_mask_BxTxL &= key_block_BxL[:, None, :] >= (query_pos_BxT // self.attention_block - 1)[:, :, None]
-    x_BxTxD = x_BxTxD + self.self_attn.attend_cache(h, k_BxHxLxK, v_BxHxLxK, self_mask_BxTxL)
+    x_BxTxD = x_BxTxD + self.self_attn.attend_cache(h, k_BxHxKxL, v_BxHxLxK, self_mask_BxTxL)
     h = self.ln_cross(x_BxTxD)
-    x_BxTxD = x_BxTxD + self.cross_attn.attend_cache(h, cache['cross_k_BxHxSxK'], cache['cross_v_BxHxSxK'],
+    x_BxTxD = x_BxTxD + self.cross_attn.attend_cache(h, cache['cross_k_BxHxKxS'], cache['cross_v_BxHxSxK'],
                                                        cross_mask_BxTxS)
     x_BxTxD = x_BxTxD + self.ff(self.ln_ff(x_BxTxD))
-    new_cache = dict(cache, k_BxHxLxK=k_BxHxLxK, v_BxHxLxK=v_BxHxLxK)
+    new_cache = dict(cache, k_BxHxKxL=k_BxHxKxL, v_BxHxLxK=v_BxHxLxK)
     return x_BxTxD, new_cache
 
 
@@ -418,11 +431,21 @@ class MultiOutput(nn.Module):
     weights that decoding reads once per iteration: 51 MB at k=8, d=256, d_ff=1024, which measured 6.4 ms
     per call at batch 1 on our 2-core CPU against 1.3 ms for a whole greedy step. Block-diagonal, the
     layer costs 2(k-1)·d·d_ff, and the first k' heads of a k-head model are exactly a k'-head model.
+
+  sequential (model.head_type='sequential'; not in the paper): sequentially dependent heads after Hydra (Ankner et
+  al. 2024). Head n + 2 also sees the embedding e of the token proposed before it (the one head n + 1 proposes)
+  through a [d, d] projection of its own, 'token_kernel': its input is x_n = hidden + e @ token_kernel[n] instead
+  of hidden, and its residual is x_n. The paper's heads cannot know which token the head before them chose, so
+  they hedge between continuations; a sequential head conditions on it. token_kernel starts at zero: an untrained
+  sequential layer computes what the independent one does (up to rounding) with the same other weights (it is
+  declared last, so those are drawn as the independent layer's are), and an independent checkpoint's tree has
+  no 'token_kernel' at all.
   """
   num_heads: int  # n = k - 1 proposal heads
   d_model: int
   d_ff: int
   dtype: jnp.dtype = jnp.float32
+  sequential: bool = False
 
   def setup(self):
     n, d, f = self.num_heads, self.d_model, self.d_ff
@@ -432,30 +455,52 @@ class MultiOutput(nn.Module):
     self.wo_kernel = self.param('wo_kernel', init, (n, f, d))  # [N, F, D]
     self.wo_bias = self.param('wo_bias', nn.initializers.zeros, (n, d))  # [N, D]
     self.ln = nn.LayerNorm(dtype=self.dtype)
+    if self.sequential:  # after every other parameter: their initial values do not change (class docstring)
+      self.token_kernel = self.param('token_kernel', nn.initializers.zeros, (n, d, d))  # [N, D, D]
 
-  def __call__(self, hidden_Bx___xD, num_used: int | None = None):
-    """Returns the first `num_used` (default all n) heads' vectors: [..., num_used, D]."""
-    used = self.num_heads if num_used is None else num_used
+  def __call__(self, hidden_Bx___xD, previous_Bx___xNxD=None):
+    """The n heads' vectors: [..., n, D].
+
+    previous_Bx___xNxD (sequential only, required there): the embedding of the token each head is fed, the one
+    proposed for the position before the one it predicts (training: the target there, teacher-forced).
+    """
+    used = self.num_heads
     x = hidden_Bx___xD.astype(self.dtype)
     # Head axis first, as the batch axis of two batched matmuls ([n, M, d] @ [n, d, f], then @ [n, f, d]): written
-    # as '...d,ndf->...nf' XLA's CPU backend transposed the whole [n, d, f] kernel to [d, n, f] on every call,
-    # reading and writing 7.3 MB more per decoding iteration at k = 8 (issue #12). Broadcasting x costs n·M·d.
+    # as '...d,ndf->...nf' XLA's CPU backend transposed the whole [n, d, f] kernel to [d, n, f] on every call.
+    # Broadcasting x costs n·M·d.
     x_Nx___xD = jnp.broadcast_to(x, (used,) + x.shape)
-    unsqueeze = lambda b_NxE: b_NxE[:used].reshape((used,) + (1,) * (x.ndim - 1) + b_NxE.shape[-1:])
-    h_Nx___xF = nn.relu(jnp.einsum('n...d,ndf->n...f', x_Nx___xD, self.wi_kernel[:used].astype(self.dtype))
+    if self.sequential:
+      previous_Nx___xD = jnp.moveaxis(previous_Bx___xNxD.astype(self.dtype), -2, 0)
+      x_Nx___xD = x_Nx___xD + jnp.einsum('n...d,nde->n...e', previous_Nx___xD,
+                                         self.token_kernel.astype(self.dtype))
+    unsqueeze = lambda b_NxE: b_NxE.reshape((used,) + (1,) * (x.ndim - 1) + b_NxE.shape[-1:])
+    h_Nx___xF = nn.relu(jnp.einsum('n...d,ndf->n...f', x_Nx___xD, self.wi_kernel.astype(self.dtype))
                         + unsqueeze(self.wi_bias))
-    out_Nx___xD = (jnp.einsum('n...f,nfd->n...d', h_Nx___xF, self.wo_kernel[:used].astype(self.dtype))
+    out_Nx___xD = (jnp.einsum('n...f,nfd->n...d', h_Nx___xF, self.wo_kernel.astype(self.dtype))
                    + unsqueeze(self.wo_bias))
+    if self.sequential:  # each head's residual is its own input, token included
+      return self.ln(jnp.moveaxis(out_Nx___xD + x_Nx___xD, 0, -2))
     out_Bx___xNxD = jnp.moveaxis(out_Nx___xD, 0, -2)
     return self.ln(out_Bx___xNxD + x[..., None, :])
 
-  def one_head(self, hidden_Bx___xD, index):
+  def one_head(self, hidden_Bx___xD, index, previous_Bx___xD=None, weights=None):
     """The vector of head `index` + 2 alone (index in 0..n-1, may be traced): [..., D].
 
     What the sampled-head loss needs (paper §6: one of the k sub-losses per minibatch): only the drawn head's
-    slice of the layer is computed, so its vocabulary projection is one, not k - 1.
+    slice of the layer is computed, so its vocabulary projection is one, not k - 1. Sequential heads also run
+    one at a time in decoding (Transformer.propose), each fed the token the one before it chose:
+    previous_Bx___xD is that token's embedding (sequential only, required there). weights: this head's slices
+    of the parameters, cut once outside the decoding loop (bpd/model.py, split_sequential_heads), instead of
+    here: cut inside the loop's body, XLA's CPU backend copied each head's kernels on every iteration (as
+    first_heads found for issue #12), 3.5 of the 4.2 MB per iteration that k = 4 sequential heads added on the
+    demo's mini model.
     """
     x = hidden_Bx___xD.astype(self.dtype)
     take = lambda w: jax.lax.dynamic_index_in_dim(w, index, axis=0, keepdims=False)
-    h = nn.relu(x @ take(self.wi_kernel).astype(self.dtype) + take(self.wi_bias))
-    return self.ln(h @ take(self.wo_kernel).astype(self.dtype) + take(self.wo_bias) + x)
+    names = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias') + (('token_kernel',) if self.sequential else ())
+    w = weights if weights is not None else {name: take(getattr(self, name)) for name in names}
+    if self.sequential:
+      x = x + previous_Bx___xD.astype(self.dtype) @ w['token_kernel'].astype(self.dtype)
+    h = nn.relu(x @ w['wi_kernel'].astype(self.dtype) + w['wi_bias'])
+    return self.ln(h @ w['wo_kernel'].astype(self.dtype) + w['wo_bias'] + x)

@@ -61,4 +61,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  app.run(main, flags_parser=errors.parse_flags)  # a bad flag or config argument: one line, status 2

@@ -12,7 +12,8 @@ Methods:
   score(state, tokens, start)  -> head-1 logits at T new positions, their hidden states, new state.
   score(state, tokens, start, tree) -> the same for the N nodes of a candidate tree (bpd/decoding.py, tree);
                                   `move_cache` then moves the accepted path's keys and values into place.
-  propose(hidden)              -> logits of heads 2..k at one position per row.
+  propose(hidden)              -> logits of heads 2..k at one position per row (with head_type='sequential' one
+                                  head after the other, each fed the previous one's argmax).
 `decode_fns` wraps the last three as the plain functions that `bpd.decoding` takes; decoding never sees
 this module.
 """
@@ -69,7 +70,7 @@ class ModelConfig:
   image_input_side: int = 0
   # Hidden width of each proposal head in the multi-output layer (paper §4: d_ff); 0 = d_ff, so model.json files
   # written before this field load unchanged. Decoding reads all (k-1)·2·d·head_hidden of these weights every
-  # iteration: 14.7 MB at k = 8, d = 256, d_ff = 1024, as much as the rest of the decoder (issue #12).
+  # iteration: at head_hidden = d_ff about as much as the rest of the decoder (docs/results/benchmark.md).
   head_hidden: int = 0
   # Images: add the embedding of the co-located input sub-pixel to each decoder position's input (see
   # layers.colocated_source_index and Transformer._colocated). A DEVIATION from the paper and from the Image
@@ -86,6 +87,16 @@ class ModelConfig:
   # as bicubic enlargement and the network learns a correction, which keeps greedy decoding anchored to the
   # input instead of drifting with its own prefix (README, Super-resolution, "Output prior").
   output_prior_sigma: float = 0.0
+  # 'independent': the paper's heads, each predicts y_{j+i} from the decoder state at j alone. 'sequential' (not
+  # in the paper; Hydra, Ankner et al. 2024): head i + 1 (i >= 1) also sees the embedding of the token proposed
+  # for j + i: in training the target y_{j+i} (teacher-forced), in decoding the argmax of head i (head 1's for head
+  # 2), so the heads run one after another at the last accepted position (propose). Adds (k-1)·d² parameters
+  # (layers.MultiOutput, 'token_kernel'). The default keeps model.json files and checkpoints written before this
+  # field: independent heads, the same parameter tree. Chains only: tree decoding refuses it (score).
+  head_type: str = 'independent'
+
+
+HEAD_TYPES = ('independent', 'sequential')
 
 
 def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelConfig:
@@ -106,6 +117,8 @@ def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelCo
     raise UserError(f'output_prior_sigma={overrides["output_prior_sigma"]}: the prior is a width in intensity '
                     'levels around the bicubic enlargement of the input, images only: use 0 (off) or a value > 0 '
                     'with image_side and image_input_side set (config.model.image_positions=True).')
+  if overrides.get('head_type', 'independent') not in HEAD_TYPES:
+    raise UserError(f'head_type={overrides["head_type"]!r}: choose one of {HEAD_TYPES} (config.model.head_type).')
   if overrides.get('attention_block', 0) < 0:
     raise UserError(f'attention_block={overrides["attention_block"]}: use 0 (full causal self-attention) or a '
                     'block size W > 0 (local attention) (config.model.attention_block).')
@@ -134,7 +147,8 @@ class Transformer(nn.Module):
     self.decoder_norm = nn.LayerNorm(dtype=dtype)
     self.dropout = nn.Dropout(c.dropout_rate)
     if c.k > 1:
-      self.multi_output = layers.MultiOutput(c.k - 1, c.d_model, c.head_hidden or c.d_ff, dtype)
+      self.multi_output = layers.MultiOutput(c.k - 1, c.d_model, c.head_hidden or c.d_ff, dtype,
+                                             sequential=c.head_type == 'sequential')
 
   # -- pieces shared by training and decoding --------------------------------------------------------------
 
@@ -212,29 +226,47 @@ class Transformer(nn.Module):
       x = layer(x, enc_BxSxD, causal_BxTxT, cross_BxTxS, deterministic)
     return self.decoder_norm(x)
 
-  def head_hidden(self, hidden_Bx___xD):
-    """The pre-projection vectors of all k heads: [..., k, D]; head 1 is the decoder output itself."""
+  def head_hidden(self, hidden_Bx___xD, previous_Bx___xKm1=None):
+    """The pre-projection vectors of all k heads: [..., k, D]; head 1 is the decoder output itself.
+
+    previous_Bx___xKm1 (head_type='sequential' only): the token ids fed to heads 2..k (`previous_tokens`).
+    """
     heads = hidden_Bx___xD[..., None, :]
     if self.config.k > 1:
-      heads = jnp.concatenate([heads, self.multi_output(hidden_Bx___xD)], axis=-2)
+      previous = None if previous_Bx___xKm1 is None else self.token_embedding(previous_Bx___xKm1)
+      heads = jnp.concatenate([heads, self.multi_output(hidden_Bx___xD, previous)], axis=-2)
     return heads
 
-  def __call__(self, src_BxS, tgt_in_BxT, deterministic=True):
-    """Logits of every head at every target position: [B, T, k, V]. Head i at position t predicts y_{t+i}."""
+  def token_embedding(self, tokens_Bx___):
+    """The shared embedding of tokens fed to sequential heads, at the decoder input's scale, no position: [..., D]."""
+    return self.embed(tokens_Bx___) * jnp.sqrt(float(self.config.d_model))
+
+  def _sequential(self):
+    return self.config.k > 1 and self.config.head_type == 'sequential'
+
+  def __call__(self, src_BxS, tgt_in_BxT, deterministic=True, head_tokens_BxT=None):
+    """Logits of every head at every target position: [B, T, k, V]. Head i at position t predicts y_{t+i}.
+
+    head_type='sequential': head i + 1 at t is fed y_{t+i} (teacher forcing), read from head_tokens_BxT, the
+    target in tgt_in's layout (BOS first); default tgt_in itself (pass the clean one when tgt_in is noisy).
+    """
     enc = self.encode(src_BxS, deterministic)
     hidden = self.decode_hidden(enc, src_BxS, tgt_in_BxT, deterministic)
-    logits_BxTxKxV = self.logits(self.head_hidden(hidden))
+    previous = None
+    if self._sequential():
+      previous = previous_tokens(tgt_in_BxT if head_tokens_BxT is None else head_tokens_BxT, self.config.k - 1)
+    logits_BxTxKxV = self.logits(self.head_hidden(hidden, previous))
     if self.config.output_prior_sigma:
       positions_BxT = jnp.broadcast_to(jnp.arange(tgt_in_BxT.shape[1]), tgt_in_BxT.shape)
       offsets_K = jnp.arange(self.config.k)
       logits_BxTxKxV += self._prior(self._guess(src_BxS), positions_BxT[..., None] + offsets_K)
     return logits_BxTxKxV
 
-  def one_head_logits(self, src_BxS, tgt_in_BxT, head, deterministic=True):
+  def one_head_logits(self, src_BxS, tgt_in_BxT, head, deterministic=True, head_tokens_BxT=None):
     """Logits of head `head` + 1 alone at every target position: [B, T, V] (head 0-based, may be traced).
 
     The sampled-head loss (head_loss='random', paper §6) trains one head per step: this projects that head
-    onto the vocabulary once instead of projecting all k heads and keeping one.
+    onto the vocabulary once instead of projecting all k heads and keeping one. head_tokens_BxT: as __call__.
     """
     enc = self.encode(src_BxS, deterministic)
     hidden_BxTxD = self.decode_hidden(enc, src_BxS, tgt_in_BxT, deterministic)
@@ -244,7 +276,13 @@ class Transformer(nn.Module):
       return self.logits(hidden_BxTxD) + prior
     # Head 1 is the decoder output itself; heads 2..k pass through their slice of the multi-output layer. The
     # drawn head's slice is computed either way (d·d_ff work, small) and selected: one vocabulary projection.
-    proposal_BxTxD = self.multi_output.one_head(hidden_BxTxD, jnp.maximum(head - 1, 0))
+    previous = None
+    if self._sequential():  # head + 1 (0-based head >= 1) at t is fed y_{t+head} = tgt_in[t + head]
+      tokens_BxT = tgt_in_BxT if head_tokens_BxT is None else head_tokens_BxT
+      padded_BxT = jnp.pad(tokens_BxT, ((0, 0), (0, self.config.k - 1)))
+      previous = self.token_embedding(jax.lax.dynamic_slice_in_dim(padded_BxT, jnp.maximum(head, 1),
+                                                                   tokens_BxT.shape[1], axis=1))
+    proposal_BxTxD = self.multi_output.one_head(hidden_BxTxD, jnp.maximum(head - 1, 0), previous)
     return self.logits(jnp.where(head == 0, hidden_BxTxD, proposal_BxTxD.astype(hidden_BxTxD.dtype))) + prior
 
   def _prior(self, guess_BxP, positions_Bx___):
@@ -289,6 +327,8 @@ class Transformer(nn.Module):
     tree), in slots start_B[b] + n at positions start_B[b] + depth_N[n], each attending to the prefix and its
     own ancestors only (layers.tree_self_mask). A separate branch: without a tree nothing changes.
     """
+    if tree is not None and self._sequential():
+      raise UserError(SEQUENTIAL_TREES)
     num_new = tokens_BxT.shape[1]
     if tree is None:
       positions_BxT = layers.query_positions(start_B, tokens_BxT.shape[0], num_new)
@@ -304,23 +344,92 @@ class Transformer(nn.Module):
     hidden_BxTxD = self.decoder_norm(x)
     new_state = dict(state, layers=tuple(new_layers))
     if not self.config.output_prior_sigma:
-      return self.logits(hidden_BxTxD), hidden_BxTxD, new_state
+      return self._with_first(self.logits(hidden_BxTxD), hidden_BxTxD, new_state)
     # The output prior: head 1 at position p predicts p; heads 2..k from there predict p + 1 .. p + k - 1, whose
     # priors travel with the hidden state to `propose` (the decode loop treats `hidden` as an opaque pytree).
     prior_BxTxKxV = self._prior(state['guess_BxP'], positions_BxT[..., None] + jnp.arange(self.config.k))
     hidden = {'hidden_BxTxD': hidden_BxTxD, 'prior_BxTxKm1xV': prior_BxTxKxV[:, :, 1:]}
-    return self.logits(hidden_BxTxD) + prior_BxTxKxV[:, :, 0], hidden, new_state
+    return self._with_first(self.logits(hidden_BxTxD) + prior_BxTxKxV[:, :, 0], hidden, new_state)
 
-  def propose(self, hidden_BxD, num_heads: int | None = None):
-    """Logits of heads 2..k' at one position per row: [B, k'-1, V], k' = num_heads (default k).
+  def _with_first(self, logits_BxTxV, hidden, new_state):
+    """score's outputs; with sequential heads `hidden` also carries head 1's argmax at every new position.
 
-    Heads are independent slices of the multi-output layer, so only the heads used are computed.
+    Why here: head 2 is fed the token head 1 proposes at the last accepted position, and the decode loop hands
+    propose only the hidden state of that position (bpd/decoding.py `_proposals`; its interface stays
+    propose_fn(hidden)). The argmax over [B, T, V] costs T·V comparisons, nothing beside the projection that
+    made the logits, and it is the decode loop's own ŷ_{j+1}: the same argmax (ties to the lower id) of the
+    same logits, at the row the loop takes.
     """
-    heads = self.config.k if num_heads is None else num_heads
+    if not self._sequential():
+      return logits_BxTxV, hidden, new_state
+    hidden = hidden if isinstance(hidden, dict) else {'hidden_BxTxD': hidden}
+    return logits_BxTxV, dict(hidden, first_BxT=jnp.argmax(logits_BxTxV, axis=-1).astype(jnp.int32)), new_state
+
+  def propose(self, hidden_BxD, split=None):
+    """Logits of heads 2..k at one position per row: [B, k-1, V]. (To decode with fewer heads, `first_heads`.)
+
+    split: sequential heads' weights cut once per decode (`split_sequential_heads`; decode_fns passes them).
+    """
+    if self._sequential():
+      return self._propose_sequential(hidden_BxD, self.config.k, split)
     if isinstance(hidden_BxD, dict):  # with config.output_prior_sigma (score)
-      prior_BxKm1xV = hidden_BxD['prior_BxTxKm1xV'][:, :heads - 1]
-      return self.logits(self.multi_output(hidden_BxD['hidden_BxTxD'], heads - 1)) + prior_BxKm1xV
-    return self.logits(self.multi_output(hidden_BxD, heads - 1))
+      return self.logits(self.multi_output(hidden_BxD['hidden_BxTxD'])) + hidden_BxD['prior_BxTxKm1xV']
+    return self.logits(self.multi_output(hidden_BxD))
+
+  def _propose_sequential(self, hidden, heads, split=None):
+    """Sequential heads (head_type='sequential'; Hydra, Ankner et al. 2024) at one position per row: head 2 is fed
+    head 1's argmax (hidden['first_BxT'], from score), head n + 2 the argmax of head n + 1. [B, k'-1, V].
+
+    k' - 1 small steps in sequence (a Python loop, unrolled at trace time: k' is static), each a [B, d] x [d, d_ff]
+    head and a [B, d] x [d, V] projection; the independent heads do the same work as one batched step. All of
+    it runs inside the one model invocation of the iteration, after verification (paper §4's combined step).
+    The proposals are argmaxes, as the decode loop's (ties to the lower id). split: the per-head weights and the
+    transposed embedding, cut outside the decoding loop (`split_sequential_heads`; decode_fns passes them).
+    """
+    hidden_BxD, token_B = hidden['hidden_BxTxD'], hidden['first_BxT']
+    prior_BxKm1xV = hidden.get('prior_BxTxKm1xV')
+    logits = []
+    for n in range(heads - 1):
+      weights = None if split is None else split['heads'][n]
+      vector_BxD = self.multi_output.one_head(hidden_BxD, n, self.token_embedding(token_B), weights)
+      if split is None:
+        logits_BxV = self.logits(vector_BxD)
+      else:  # the tied projection, with the [D, V] transpose made once per decode rather than once per head
+        logits_BxV = vector_BxD.astype(jnp.float32) @ split['embedding_DxV']
+      if prior_BxKm1xV is not None:
+        logits_BxV = logits_BxV + prior_BxKm1xV[:, n]
+      token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+      logits.append(logits_BxV)
+    return jnp.stack(logits, axis=1)
+
+
+SEQUENTIAL_TREES = (
+    'Tree decoding (config.decode.trees) is not available with model.head_type=sequential. A tree gives every node '
+    'at depth d the ranked choices of head d + 1 shared by all its parents (bpd/decoding.py, _tree_nodes), but a '
+    'sequential head\'s choices depend on the token of the node it continues: each parent would need its own run '
+    'of the heads. Decode chains (config.decode.trees=() or \'chain\'), or use a model with independent heads.')
+
+
+def split_sequential_heads(params: Any, num_heads: int) -> dict:
+  """What sequential proposal heads read in decoding, cut once per decode, outside its loop (decode_fns): each
+  head's slices of the multi-output layer's [N, ...] parameters, and the embedding transposed to [D, V] for the
+  tied projection. Inside the loop XLA's CPU backend copied these on every iteration (layers.MultiOutput.one_head).
+  """
+  heads = params['multi_output']
+  names = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias', 'token_kernel')
+  return {'heads': [{name: heads[name][n] for name in names} for n in range(num_heads - 1)],
+          'embedding_DxV': params['embed']['embedding'].astype(jnp.float32).T}
+
+
+def previous_tokens(tgt_in_BxT: jax.Array, num: int) -> jax.Array:
+  """The tokens sequential heads are fed in training (teacher forcing): [B, T, num], [:, t, n] = tgt_in[:, t + n + 1].
+
+  tgt_in[:, p] = y_p (y_0 = BOS). Head n + 2 at position t predicts y_{t+n+2} and is fed the token proposed for
+  the position before, y_{t+n+1}; 0 (padding) past the end, where that head has no target either.
+  """
+  length = tgt_in_BxT.shape[1]
+  padded = jnp.pad(tgt_in_BxT, ((0, 0), (0, num)))
+  return jnp.stack([padded[:, n + 1:n + 1 + length] for n in range(num)], axis=-1)
 
 
 def init_params(config: ModelConfig, rng: jax.Array, src_len: int = 8, tgt_len: int = 8) -> dict:
@@ -343,14 +452,15 @@ def first_heads(model: Transformer, params: Any, num_heads: int) -> tuple[Transf
 
   The first k' heads of a k-head model are a k'-head model (layers.MultiOutput). decode_fns slices their weights
   here, once per decode (inside the jitted function, outside its loop): sliced inside the layer, XLA's CPU backend
-  copied the kept [k'-1, d, d_ff] kernels on every iteration (issue #12).
+  copied the kept [k'-1, d, d_ff] kernels on every iteration.
   """
   if not 1 <= num_heads <= model.config.k:
     raise UserError(f'Cannot decode with {num_heads} heads: the model has k={model.config.k}; '
                     f'choose k between 1 and {model.config.k}.')
   if num_heads in (1, model.config.k):  # k' = 1 never proposes: the multi-output layer is not called
     return model, params
-  per_head = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias')  # leading axis = head; 'ln' is shared by the heads
+  # leading axis = head; 'ln' is shared by the heads
+  per_head = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias', 'token_kernel')
   heads = {name: value[:num_heads - 1] if name in per_head else value
            for name, value in params['multi_output'].items()}
   return Transformer(dataclasses.replace(model.config, k=num_heads)), {**params, 'multi_output': heads}
@@ -361,7 +471,7 @@ def params_in_compute_dtype(params: Any, dtype: str) -> Any:
 
   Training keeps float32 parameters and each layer casts its weights to `dtype` when it runs. Inside a decoding
   loop that cast runs on every step, and the step reads the float32 weights: compiled for TPU v5e, a `base` model
-  in bfloat16 read about 573 MB per greedy step at batch 1, several times its bfloat16 weights (issue #12). Cast
+  in bfloat16 read several times its bfloat16 weights per greedy step at batch 1. Cast
   here, outside the loop, the loop reads the weights in the compute dtype. float32 models are returned unchanged.
   """
   if jnp.dtype(dtype) == jnp.float32:
@@ -374,8 +484,8 @@ def move_cache(state, start_B, source_BxD):
   source_BxD[b, d] moves to slot start_B[b] + d: the accepted path of the tree, made contiguous. The keys and
   values move unchanged: each node was computed at its path position (start + depth) seeing only its
   ancestors, exactly what the chain would have computed there. Needs no parameters."""
-  moved = tuple(dict(cache, k_BxHxLxK=layers.move_slots(cache['k_BxHxLxK'], start_B, source_BxD),
-                     v_BxHxLxK=layers.move_slots(cache['v_BxHxLxK'], start_B, source_BxD))
+  moved = tuple(dict(cache, k_BxHxKxL=layers.move_slots(cache['k_BxHxKxL'], start_B, source_BxD, axis=3),
+                     v_BxHxLxK=layers.move_slots(cache['v_BxHxLxK'], start_B, source_BxD, axis=2))
                 for cache in state['layers'])
   return dict(state, layers=moved)
 
@@ -398,7 +508,11 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
   def score_fn(state, tokens_BxT, start_B, tree=None):
     return model.apply(variables, state, tokens_BxT, start_B, tree, method=Transformer.score)
 
+  # Sequential heads: their per-head weights cut here, once, not in every iteration (split_sequential_heads).
+  sequential = model.config.k > 1 and model.config.head_type == 'sequential'
+  split = split_sequential_heads(variables['params'], heads) if sequential else None
+
   def propose_fn(hidden_BxD):
-    return model.apply(variables, hidden_BxD, heads, method=Transformer.propose)
+    return model.apply(variables, hidden_BxD, split, method=Transformer.propose)
 
   return init_state, score_fn, propose_fn

@@ -79,7 +79,7 @@ _IMAGE_OPTIONS = {
 
 def _refuse_image_options(config, names) -> None:
   for name in names:
-    if config.model.get(name, False):
+    if config.model[name]:
       raise UserError(_IMAGE_OPTIONS[name].format(config.model[name]))
 
 
@@ -180,13 +180,13 @@ def _image_model_options(config) -> dict:
   and the output prior (config.model.colocated_input, output_prior_sigma: both need the image sides, so 2D
   positions too) and the ordinal initialization of the intensity embeddings (config.model.ordinal_pixel_init)."""
   m = config.model
-  ordinal = {'ordinal_pixel_init': True} if m.get('ordinal_pixel_init', False) else {}
-  if not m.get('image_positions', False):
+  ordinal = {'ordinal_pixel_init': True} if m.ordinal_pixel_init else {}
+  if not m.image_positions:
     _refuse_image_options(config, ('colocated_input', 'output_prior_sigma'))
     return ordinal
-  prior = {'output_prior_sigma': float(m.output_prior_sigma)} if m.get('output_prior_sigma', 0.0) else {}
+  prior = {'output_prior_sigma': float(m.output_prior_sigma)} if m.output_prior_sigma else {}
   return dict(image_side=images.HIGHRES, image_input_side=images.LOWRES,
-              colocated_input=bool(m.get('colocated_input', False)), **prior, **ordinal)
+              colocated_input=bool(m.colocated_input), **prior, **ordinal)
 
 
 def _save_images(path, images_Nx32x32x3):
@@ -206,7 +206,7 @@ SUPERRES = Task(
     vocab_size=lambda tokenizer: images.IMAGE_VOCAB_SIZE,  # pixel ids 3..258; 0..2 as in text (pad, eos, bos)
     training_decode_len=lambda config: config.decode.max_len,
     training_data=_image_training_data,
-    quick_eval_examples=lambda config: config.train.get('eval_psnr_examples', 0),
+    quick_eval_examples=lambda config: config.train.eval_psnr_examples,
     check_decode=evaluate_images.check_image_decode,
     decode_examples=_image_decode_examples,
     outputs=lambda tokenizer, tokens: evaluate_images.outputs_to_images(np.stack(tokens)),

@@ -1,6 +1,6 @@
 """Fair side-by-side timing: warm-up on the exact timed shapes, alternation, medians, no compile in a timed region.
 
-Why this file exists (issue #12): a study once reported 1.2-1.6x "speedups" that were a compile landing inside
+Why this file exists: a study once reported 1.2-1.6x "speedups" that were a compile landing inside
 the greedy baseline's timed region (the warm-up ran at another padded shape than the timed runs). Every timing
 in the project (bpd/evaluate.py, experiments/bench_decode.py) goes through
 `time_alternating`, which

@@ -93,7 +93,7 @@ def noisy_pixel_inputs(tgt_in_BxT, rng, std: float):
 
   Not in the paper. Under teacher forcing the previous sub-pixel predicts the next one far better than the 8x8
   input does, so a small model learns to copy its input token; greedy decoding then follows its own outputs
-  away from the input (one intensity over a whole face: README, Super-resolution). Noisy inputs make the clean
+  away from the input (one intensity over a whole face: docs/results/table2_celeba.md). Noisy inputs make the clean
   co-located input (model.colocated_input) and the input image worth reading: the model learns to correct its
   prefix towards them, which is what it must do on its own outputs at decoding time.
   """
@@ -118,6 +118,9 @@ def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoo
   """
   src, tgt = batch['src_BxS'], batch['tgt_BxT']
   tgt_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)), constant_values=tokenizer_lib.BOS_ID)
+  # Sequential heads (model.head_type) are fed the clean targets (teacher forcing), even when the decoder's
+  # inputs are noisy: in decoding they are fed proposals, which verification checks against head 1, not noise.
+  head_tokens = {'head_tokens_BxT': tgt_in} if model.config.head_type == 'sequential' else {}
   if train and input_noise > 0:  # images only (checks.check_train)
     tgt_in = noisy_pixel_inputs(tgt_in, jax.random.fold_in(dropout_rng, 2), input_noise)
   deterministic = not train or frozen
@@ -128,12 +131,13 @@ def loss_and_metrics(params, batch, dropout_rng, *, model, head_loss, label_smoo
     first = 1 if frozen and k > 1 else 0
     head = jax.random.randint(jax.random.fold_in(dropout_rng, 1), (), first, k)
     logits_BxTxV = model.apply({'params': params}, src, tgt_in, head, deterministic=deterministic, rngs=rngs,
-                               method=model_lib.Transformer.one_head_logits)
+                               method=model_lib.Transformer.one_head_logits, **head_tokens)
     loss, acc, count = losses.one_head_cross_entropy(logits_BxTxV, tgt, k, head, label_smoothing)
     nan_K = jnp.full((k,), jnp.nan)
     return loss, {'loss_K': nan_K.at[head].set(loss), 'acc_K': nan_K.at[head].set(acc),
                   'count_K': jnp.zeros((k,)).at[head].set(count)}
-  logits_BxTxKxV = model.apply({'params': params}, src, tgt_in, deterministic=deterministic, rngs=rngs)
+  logits_BxTxKxV = model.apply({'params': params}, src, tgt_in, deterministic=deterministic, rngs=rngs,
+                               **head_tokens)
   loss_K, acc_K, count_K = losses.heads_cross_entropy(logits_BxTxKxV, tgt, label_smoothing)
   weight_K = jnp.ones_like(loss_K).at[0].set(head1_weight)
   loss = jnp.sum(weight_K * loss_K) / jnp.sum(weight_K)
@@ -314,7 +318,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (resuming if the workdir has a checkpoint); returns the last evaluation metrics."""
   checks.check_train(config, workdir)
   tc = config.train
-  mesh = sharding.make_mesh(config.get('model_axis_size', 1))
+  mesh = sharding.make_mesh(config.model_axis_size)
   sharding.check_batch_size(tc.batch_size, mesh)
   logging.info('Mesh %s over %d process(es).', dict(mesh.shape), jax.process_count())
   task = tasks.for_config(config)
@@ -323,7 +327,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   model_config = model_lib.model_config(config.model.size, vocab_size=vocab_size,
                                         k=1 if tc.regime == 'base' else config.k,
                                         dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
-                                        attention_block=config.model.get('attention_block', 0),
+                                        attention_block=config.model.attention_block,
+                                        head_type=config.model.head_type,
                                         **task.model_options(config))
   checks.check_init_from(model_config, tc.init_from if tc.regime != 'base' else '', workdir)
   if jax.process_index() == 0:
@@ -340,7 +345,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   else:  # only a template for the restore
     params = fresh_params(model_config, config.seed)
   optimizer = make_optimizer(tc.regime, params, tc.learning_rate, tc.warmup_steps,
-                             tc.get('head_learning_rate', 0.0))
+                             tc.head_learning_rate)
   state = sharding.place_state({'params': params, 'opt_state': optimizer.init(params)}, mesh)
   state_sharding = jax.tree.map(lambda x: x.sharding, state)
   if start_step is not None:  # restored into the same layout: the template's shardings
@@ -357,8 +362,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   train_step = make_train_step(model, optimizer, seed=config.seed, head_loss=tc.head_loss,
                                label_smoothing=tc.label_smoothing, state_sharding=state_sharding,
-                               frozen=tc.regime == 'frozen', head1_weight=tc.get('head1_weight', 1.0),
-                               input_noise=tc.get('input_noise', 0.0))
+                               frozen=tc.regime == 'frozen', head1_weight=tc.head1_weight,
+                               input_noise=tc.input_noise)
   eval_step = make_eval_step(model, label_smoothing=tc.label_smoothing, mesh=mesh)
   rows = sharding.local_rows(tc.batch_size, mesh)  # this process's rows of every global batch
   writer = metrics.Writer(workdir)
@@ -390,7 +395,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         out = jax.device_get(out)
         scalars = {'loss': float(out['loss']), 'grad_norm': float(out['grad_norm']),
                    'learning_rate': float(learning_rate_schedule(tc.learning_rate, tc.warmup_steps)(step))}
-        if tc.regime != 'base' and tc.get('head_learning_rate', 0.0):
+        if tc.regime != 'base' and tc.head_learning_rate:
           scalars['head_learning_rate'] = float(learning_rate_schedule(tc.head_learning_rate, tc.warmup_steps)(step))
         # NaN: a head not drawn this step (head_loss=random).
         scalars.update({f'accuracy_head{i + 1}': float(a) for i, a in enumerate(out['acc_K']) if np.isfinite(a)})

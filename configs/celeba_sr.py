@@ -8,14 +8,9 @@ default below is a d=512, 6+6-layer Transformer (model.size=base) with local 1D 
 positions in the decoder (Image Transformer's local 1D attention; block size our assumption), for
 accelerators.
 
-Arguments (comma-separated key=value): k (default 10), regime (base|frozen|finetune), cpu (the variant below),
-gpu (image_medium, d=256, 2 + 4 layers, batch 32, for a time-boxed run on one accelerator: see
-experiments/superres_timeboxed.sh), runlocal (cpu, shrunk to a smoke run of a few steps), colocated (turns on
-config.model.colocated_input: each decoder position also gets the embedding of the input sub-pixel that covers
-the sub-pixel it predicts; a DEVIATION from the paper and the Image Transformer, off by default so that the
-faithful model is what every other argument gives; bpd/model.py Transformer._colocated), prior or prior=SIGMA
-(config.model.output_prior_sigma: every head's logits get a Gaussian log-prior of width SIGMA intensity levels,
-default 26, around the bicubic enlargement of the input at the sub-pixel it predicts; also a DEVIATION).
+Arguments (comma-separated key=value; booleans may be bare, `cpu,prior,colocated`): see ARGS below; an unknown
+one or a bad value is an error. `colocated` and `prior` are DEVIATIONS from the paper and the Image Transformer,
+off by default so that the faithful model is what every other argument gives.
 
   python -m bpd.main --config=configs/celeba_sr.py:cpu --workdir=runs/sr/base
   python -m bpd.main --config=configs/celeba_sr.py:cpu,regime=finetune --workdir=runs/sr/finetune \
@@ -23,44 +18,52 @@ default 26, around the bicubic enlargement of the input at the sub-pixel it pred
   python -m bpd.main --config=configs/celeba_sr.py:cpu --workdir=runs/sr/finetune --mode=decode
   python -m experiments.superres_study --config=configs/celeba_sr.py:cpu --workdir=runs/sr_study   # all stages
   python -m bpd.main --config=configs/celeba_sr.py:cpu,colocated --workdir=runs/sr_colocated/base    # not faithful
-  # The CPU model that beats nearest-neighbour enlargement (README, Super-resolution, "Table 2 on this CPU"):
+  # The CPU model of docs/results/table2_celeba.md:
   python -m experiments.superres_study --config=configs/celeba_sr.py:cpu,prior,colocated --workdir=runs/sr_table2 \
       --base_steps=3000 --head_steps=400 --ks=2,4,6,8,10 --batch_sizes=16,1 --max_examples=16 \
       --batch1_examples=2 --config.train.input_noise=40 --config.decode.timing_repeats=1
 
 CPU variant (`cpu`): image_tiny (d=64, 1 encoder + 2 decoder layers, ff 256, 4 attention heads), local
-attention blocks of 128, batch 4 images (4 x 3072 target positions), 600 base steps (regime=base) and 150
-head steps (regime=frozen|finetune; the study sets both with --base_steps / --head_steps).
-Measured on this 2-core machine on ONE core (`taskset -c 1`; the other core shared with another training job),
-compile excluded, train steps at batch 4:
-  k = 1 (base):            1.41 s/step (median of 6 bare train steps); 1.6 s/step in the real loop
-                           -> 600 steps ~ 15 min
-  k = 10 (frozen/finetune): 3.94 s/step bare; 3.4-3.6 s/step in the real loop (frozen, finetune)
-                           -> 150 steps ~ 9-10 min
-  (With another process busy on the other core, the base step doubled to ~3.2 s: memory bandwidth is shared.)
-  Greedy decoding at batch 1: ~1.8 s per 32x32 image (3072 steps, ~0.6 ms each), so the sweep decodes 32
-  validation images (config.decode.max_examples): ~1 min per setting.
-The k = 10 step costs 2.5x the base step: the multi-output layer (9 heads x d_ff 256 per position) and 10
-vocabulary projections at 3072 positions per image dominate this tiny model.
+attention blocks of 128, batch 4 images (4 x 3072 target positions), few base and head steps (the study sets both
+with --base_steps / --head_steps), and a sweep of 32 validation images: sized to train and decode in tens of
+minutes on one CPU core (docs/results/table2_celeba.md has the measured times). The k = 10 step costs several
+base steps: the multi-output layer and 10 vocabulary projections at 3072 positions per image dominate this tiny
+model.
 """
 
 from configs import common
 
+# Sigma of `prior` given bare: the RMS error of bicubic enlargement on the train faces, in intensity levels.
+PRIOR_SIGMA = 26.0
+
+ARGS = {
+    'k': common.Arg(10, 'heads of the model'),
+    'regime': common.Arg('base', 'what to train', choices=('base', 'frozen', 'finetune')),
+    'cpu': common.Arg(False, 'the CPU variant below'),
+    'gpu': common.Arg(False, 'image_medium (d=256, 2 + 4 layers, batch 32) for a time-boxed run on one '
+                      'accelerator (experiments/superres_timeboxed.sh)'),
+    'runlocal': common.Arg(False, 'cpu, shrunk to a smoke run of a few steps'),
+    'colocated': common.Arg(False, 'config.model.colocated_input: each decoder position also gets the embedding of '
+                            'the input sub-pixel that covers the sub-pixel it predicts (README, "Co-located input")'),
+    'prior': common.Arg(0.0, 'config.model.output_prior_sigma: every head\'s logits get a Gaussian log-prior of this '
+                        'width (intensity levels) around the bicubic enlargement of the input (README, "Output prior")',
+                        bare=PRIOR_SIGMA),
+}
+
 
 def get_config(arg: str | None = None):
-  args = dict((a.split('=', 1) + [''])[:2] for a in arg.split(',')) if arg else {}
+  args = common.parse_args(arg, ARGS, 'configs/celeba_sr.py')
   c = common.defaults()
-  c.k = int(args.get('k', 10))
+  c.k = args['k']
   c.model.size = 'base'
   c.model.attention_block = 256
   c.model.image_positions = True  # Image Transformer's 2D (row; column, channel) positions, input and output
   # Not in the paper: the co-located input sub-pixel's embedding added at each decoder position (README,
-  # Super-resolution). Needs image_positions (the 2D layout). Off: the faithful model.
-  c.model.colocated_input = 'colocated' in args
+  # "Co-located input"). Needs image_positions (the 2D layout). Off: the faithful model.
+  c.model.colocated_input = args['colocated']
   # Not in the paper: a Gaussian log-prior on every head's logits around the bicubic enlargement of the input
-  # (README, Super-resolution, "Output prior"). `prior` uses sigma = 26 intensity levels, the RMS error of
-  # bicubic enlargement on the train faces; `prior=S` another width. Off: the faithful model.
-  c.model.output_prior_sigma = float(args['prior'] or 26) if 'prior' in args else 0.0
+  # (README, "Output prior"). Off (0): the faithful model.
+  c.model.output_prior_sigma = args['prior']
   c.model.dropout_rate = 0.1
   c.data.source = 'images'
   c.data.image_source = 'npy'
@@ -68,7 +71,7 @@ def get_config(arg: str | None = None):
   c.data.train_split = 'train'
   c.data.eval_split = 'val'
   c.data.max_eval_examples = 256
-  c.train.regime = args.get('regime', 'base')
+  c.train.regime = args['regime']
   c.train.num_steps = 100000
   c.train.batch_size = 32
   c.train.learning_rate = 1e-3
@@ -84,29 +87,27 @@ def get_config(arg: str | None = None):
   c.decode.max_len = 3072  # the whole image; less decodes only its first sub-pixels (tests, smoke runs)
   c.decode.max_examples = 64
   c.decode.grid_examples = 8
-  if 'cpu' in args or 'runlocal' in args:
+  if args['cpu'] or args['runlocal']:
     c.model.size = 'image_tiny'
     c.model.attention_block = 128
     c.model.dropout_rate = 0.0  # half an epoch of 4560 faces: too short to overfit
     c.data.max_eval_examples = 32
-    # ~15 min for the base and ~10 min for the k = 10 heads on one core (see the step times above).
+    # Base and k = 10 heads each train in minutes on one core (the step times: docs/results/table2_celeba.md).
     c.train.num_steps = 600 if c.train.regime == 'base' else 150
     c.train.batch_size = 4
     c.train.learning_rate = 2e-3
     c.train.warmup_steps = 100
-    c.train.eval_every = 0 if 'runlocal' in args else c.train.num_steps  # at the end only
+    c.train.eval_every = 0 if args['runlocal'] else c.train.num_steps  # at the end only
     c.train.checkpoint_every = 50
     c.train.log_every = 25
     c.decode.ks = tuple(k for k in (2, 4, 10) if k <= c.k)
     c.decode.max_examples = 32
-  if 'gpu' in args:
+  if args['gpu']:
     # One accelerator for minutes (experiments/superres_timeboxed.sh): each stage trains under `timeout`, whose
-    # SIGTERM stops training with a checkpoint (the preemption path), so num_steps is only an upper bound.
-    # Measured on one H200 (README, Super-resolution): base 22.3 steps/s after ~35 s of start-up and compiling,
-    # k = 10 fine-tuning 13.2 steps/s (~27 s), frozen 23.1 steps/s (~9 s); greedy decoding 0.2 ms (batch 1) to
-    # 0.3 ms (batch 8) per sub-pixel step.
+    # SIGTERM stops training with a checkpoint (the preemption path), so num_steps is only an upper bound
+    # (docs/results/gpu.md has the measured step rates).
     c.model.size = 'image_medium'
-    c.model.dropout_rate = 0.0  # minutes of training: ~19 epochs of 4560 faces in the README's 190 s
+    c.model.dropout_rate = 0.0  # minutes of training: too few epochs of 4560 faces to overfit
     c.train.num_steps = 50000
     c.train.batch_size = 32
     c.train.learning_rate = 2e-3
@@ -118,7 +119,7 @@ def get_config(arg: str | None = None):
     c.decode.max_examples = 8
     c.decode.timing_examples = 2
     c.decode.timing_repeats = 3
-  if 'runlocal' in args:
+  if args['runlocal']:
     c.train.num_steps = 20
     c.train.checkpoint_every = 10
     c.train.log_every = 5

@@ -1,4 +1,8 @@
-"""Defaults shared by every config. A config file calls `defaults()` and overrides what it needs.
+"""Defaults shared by every config, and the parser of a config file's argument.
+
+A config file declares the arguments it accepts (`Arg`), reads them with `parse_args` and calls `defaults()`,
+whose fields it overrides. `defaults()` lists every field that code reads and is locked, so that a misspelt
+field in a config file fails where it is written instead of adding a field nothing reads.
 
 Fields (the command line reaches each as --config.FIELD=VALUE):
   seed                 one seed for initialization, data order and dropout.
@@ -10,6 +14,12 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   model.image_positions  images: encode positions as 2D coordinates shared by input and output (else 1D).
   model.colocated_input  images (with image_positions): add the co-located input sub-pixel's embedding to each
                        decoder position (a deviation from the paper; bpd/model.py Transformer._colocated).
+  model.output_prior_sigma  images: > 0 adds to every head's logits a Gaussian log-prior of this width (intensity
+                       levels) around the bicubic enlargement of the input. 0 = off. Not in the paper:
+                       README, "Output prior".
+  model.head_type      independent (the paper's proposal heads) | sequential (head i + 1 also sees the token
+                       proposed for the position before, teacher-forced in training; Hydra, Ankner et al. 2024;
+                       chains only, no trees: bpd/model.py ModelConfig.head_type).
   model.ordinal_pixel_init  images: initialize the 256 intensity embeddings as sinusoids of the intensity, so that
                        nearby intensities start out alike (not in the paper; layers.ordinal_pixel_embedding_init).
   data.source          synthetic | text | tfds (translation) | images (CelebA 8x8 -> 32x32).
@@ -33,9 +43,91 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   decode.temperature   > 0 adds a row sampled at this temperature (seed decode.seed) beside greedy and the blockwise
                        rows, which stay argmax-based; the criterion 'speculative' in decode.criteria samples at it
                        blockwise, exactly (bpd/speculative.py); 0 = greedy only.
+  decode.grid_examples images: how many validation images the figure of outputs shows (decode/SPLIT.grid.png).
 """
 
+import dataclasses
+from typing import Any
+
 import ml_collections
+
+from bpd.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+  """One key of a config file's argument ('configs/demo.py:k=2,regime=frozen').
+
+  The default's type is the key's type (bool, int, float or str). A bool key may be given bare (`cpu`) or as
+  cpu=true|false|1|0; another key given bare takes `bare` (None: it needs a value). `choices` limits a str key.
+  """
+  default: Any
+  help: str
+  choices: tuple[str, ...] = ()
+  bare: Any = None
+
+
+_TRUE, _FALSE = ('1', 'true', 'yes'), ('0', 'false', 'no')
+
+
+_KIND = {bool: 'a boolean (true|false|1|0)', int: 'an integer', float: 'a number', str: 'text'}
+
+
+def _usage(config_file: str, accepted: dict[str, Arg]) -> str:
+  """One line: every accepted key with its type and default (the Arg help texts are for the config's reader)."""
+  def describe(name, a):
+    if isinstance(a.default, bool):
+      return f'{name}[=true|false] (bare: true, default {str(a.default).lower()})'
+    kind = '|'.join(a.choices) if a.choices else type(a.default).__name__.upper()
+    optional = f'{name}[={kind}] (bare: {a.bare}' if a.bare is not None else f'{name}={kind} ('
+    return f'{optional}{", " if a.bare is not None else ""}default {a.default})'
+  return f'{config_file} accepts, comma-separated: {", ".join(describe(n, a) for n, a in accepted.items())}.'
+
+
+def _value(config_file: str, accepted: dict[str, Arg], name: str, text: str | None):
+  """The typed value of one key; text None: the key was given bare."""
+  a = accepted[name]
+  kind = type(a.default)
+  if text is None:
+    if kind is bool:
+      return True
+    if a.bare is None:
+      raise UserError(f'{config_file}:{name} needs a value ({name}=...). {_usage(config_file, accepted)}')
+    return a.bare
+  try:
+    if kind is bool:
+      if text.lower() not in _TRUE + _FALSE:
+        raise ValueError(text)
+      return text.lower() in _TRUE
+    value = kind(text)
+  except ValueError:
+    raise UserError(f'{config_file}:{name}={text}: not {_KIND[kind]}. '
+                    f'{_usage(config_file, accepted)}') from None
+  if a.choices and value not in a.choices:
+    raise UserError(f'{config_file}:{name}={text}: not one of {"|".join(a.choices)}. '
+                    f'{_usage(config_file, accepted)}')
+  return value
+
+
+def parse_args(arg: str | None, accepted: dict[str, Arg], config_file: str) -> dict[str, Any]:
+  """Every accepted key's value, from the text after the config file's colon ('k=2,cpu'; None: all defaults).
+
+  An unknown key, a repeated key or a value of the wrong type is a UserError naming the accepted keys: it is
+  raised while the command line is read, before anything is built.
+  """
+  values, given = {name: a.default for name, a in accepted.items()}, set()
+  for piece in (arg or '').split(','):
+    if not piece.strip():
+      continue
+    name, sep, text = piece.strip().partition('=')
+    if name not in accepted:
+      raise UserError(f'{config_file}: unknown argument {name!r}. {_usage(config_file, accepted)}')
+    if name in given:
+      raise UserError(f'{config_file}: argument {name!r} given twice in {arg!r}.')
+    given.add(name)
+    values[name] = _value(config_file, accepted, name, text if sep else None)
+  return values
+
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -52,6 +144,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.image_positions = False  # images: 2D (row, column, channel) position encodings (Image Transformer)
   c.model.colocated_input = False  # images: co-located input sub-pixel embedding at each decoder position (not paper)
   c.model.ordinal_pixel_init = False  # images: nearby intensities start with nearby embeddings (not paper)
+  c.model.output_prior_sigma = 0.0  # images: > 0, width of a log-prior around the bicubic input (not paper)
+  c.model.head_type = 'independent'  # the paper's heads; 'sequential': each head sees the previous proposal (Hydra)
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'synthetic'
@@ -104,12 +198,14 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.timing_repeats = 3  # alternate greedy/blockwise runs this many times; medians give the speedup
   c.decode.temperature = 0.0  # > 0 also decodes by sampling at this temperature (a row of its own; 'speculative')
   c.decode.seed = 0  # the sampled row's random seed (same seed and batch size: same samples)
+  c.decode.grid_examples = 8  # images: validation images in the figure of outputs (decode/SPLIT.grid.png)
 
   c.distill = ml_collections.ConfigDict()
   c.distill.beam_size = 4
   c.distill.alpha = 0.6
   c.distill.batch_size = 32
   c.distill.max_len = 64
+  c.lock()  # a config file's misspelt field raises here instead of adding a field that nothing reads
   return c
 
 

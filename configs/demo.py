@@ -9,25 +9,35 @@
 
 from configs import common
 
-# Steps of the demo's two training stages (experiments/demo.py); about 8 minutes with the install on 2 cores.
+# Steps of the demo's two training stages (experiments/demo.py): short enough for a first run on 2 cores.
 BASE_STEPS = 1200
 HEAD_STEPS = 600
 
+ARGS = {
+    'k': common.Arg(4, 'heads of the model'),
+    'regime': common.Arg('base', 'what to train (the head recipe below applies to frozen and finetune)',
+                         choices=('base', 'frozen', 'finetune')),
+    'steps': common.Arg(BASE_STEPS, 'training steps'),
+    'head_type': common.Arg('independent', "proposal heads: the paper's, or each also seeing the previous proposal",
+                            choices=('independent', 'sequential')),
+}
+
 
 def get_config(arg: str | None = None):
-  args = dict(a.split('=', 1) for a in arg.split(',')) if arg else {}
+  args = common.parse_args(arg, ARGS, 'configs/demo.py')
   c = common.defaults()
-  c.k = int(args.get('k', 4))
+  c.k = args['k']
   c.model.size = 'mini'
   c.model.dropout_rate = 0.0  # a rule-based corpus: nothing to regularize in a few hundred steps
+  c.model.head_type = args['head_type']  # configs/demo.py:regime=finetune,head_type=sequential
   c.data.source = 'synthetic'
   c.data.vocab_size = 400  # the synthetic corpus supports ~500 pieces
   c.data.synthetic_train_size = 20000
   c.data.max_len = 40
   c.data.bucket_lengths = (16, 24, 40)
   c.data.max_eval_examples = 256
-  c.train.regime = args.get('regime', 'base')
-  c.train.num_steps = int(args.get('steps', BASE_STEPS))
+  c.train.regime = args['regime']
+  c.train.num_steps = args['steps']
   c.train.batch_size = 64
   c.train.learning_rate = 3e-3
   c.train.warmup_steps = 100
@@ -36,11 +46,11 @@ def get_config(arg: str | None = None):
   c.train.eval_every = 600
   c.train.log_every = 100
   if c.train.regime != 'base':
-    # The head recipe (README, "The head-training recipe, measured"): fresh heads at a high peak rate; when
-    # fine-tuning, the trained base at a tenth of it and head 1 weighted as 7 of the 7 + k - 1 loss shares, so the
-    # base learns to carry the next tokens for the heads without losing its own next-token quality (at one rate
-    # for all and the plain mean, fine-tuning for acceptance cost 18-24 BLEU here). Set through the config
-    # argument (configs/demo.py:regime=finetune): a later --config.train.regime flag does not apply it.
+    # The head recipe (docs/results/demo.md): fresh heads at a high peak rate; when fine-tuning, the trained base
+    # at a tenth of it and head 1 weighted as 7 of the 7 + k - 1 loss shares, so the base learns to carry the next
+    # tokens for the heads without losing its own next-token quality (at one rate for all and the plain mean,
+    # fine-tuning for acceptance wrecked the base's BLEU). Set through the config argument
+    # (configs/demo.py:regime=finetune): a later --config.train.regime flag does not apply it.
     c.train.head_learning_rate = 3e-3
     c.train.eval_every = 150  # four points of the agreement diagnostic against head-training steps
   if c.train.regime == 'finetune':

@@ -1,22 +1,28 @@
 """WMT14 En->De, the paper's setting (§6): Transformer base (or big) on TFDS wmt14_translate/de-en.
 
-For accelerators (TPU pods, GPUs); see the README's TPU pod recipe. Needs the TFDS data prepared in the
+For accelerators (TPU pods, GPUs); docs/scale_out.md has the TPU pod recipe. Needs the TFDS data prepared in the
 array_record format (`tfds build wmt14_translate/de-en --file_format=array_record --data_dir=DIR`) and
 --config.data.tfds_data_dir=DIR.
   python -m bpd.main --config=configs/wmt14_ende.py:regime=base --workdir=runs/wmt_base
   python -m bpd.main --config=configs/wmt14_ende.py:k=8,regime=finetune --workdir=runs/wmt_k8 \
       --config.train.init_from=runs/wmt_base
-Arguments (comma-separated key=value): k (default 8), regime (base|frozen|finetune), size (base|big).
+Arguments (comma-separated key=value): see ARGS below; an unknown one is an error.
 """
 
 from configs import common
 
+ARGS = {
+    'k': common.Arg(8, 'heads of the model'),
+    'regime': common.Arg('base', 'what to train', choices=('base', 'frozen', 'finetune')),
+    'size': common.Arg('base', 'Transformer base or big (paper §6)', choices=('base', 'big')),
+}
+
 
 def get_config(arg: str | None = None):
-  args = dict(a.split('=', 1) for a in arg.split(',')) if arg else {}
+  args = common.parse_args(arg, ARGS, 'configs/wmt14_ende.py')
   c = common.defaults()
-  c.k = int(args.get('k', 8))
-  c.model.size = args.get('size', 'base')
+  c.k = args['k']
+  c.model.size = args['size']
   c.data.source = 'tfds'
   c.data.train_split = 'train'
   c.data.eval_split = 'validation'  # newstest2013, the paper's dev set
@@ -24,7 +30,7 @@ def get_config(arg: str | None = None):
   c.data.max_len = 256
   c.data.bucket_lengths = (32, 64, 128, 256)
   c.data.max_eval_examples = 1000
-  c.train.regime = args.get('regime', 'base')
+  c.train.regime = args['regime']
   c.train.num_steps = 100_000 if c.train.regime == 'base' else 50_000
   c.train.batch_size = 256  # sentences per step, split across devices
   c.train.learning_rate = 1e-3

@@ -37,7 +37,6 @@ from the TPU compiler's cost analysis and the chip's published peaks. An ESTIMAT
       --tpu=v5e,v4 --tpu_sizes=small,base --json=bench.json
 """
 
-import dataclasses
 import functools
 import json
 import statistics
@@ -49,6 +48,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
 
+from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import errors
 from bpd import model as model_lib
@@ -134,13 +134,15 @@ def shape_count(c: model_lib.ModelConfig, *, batch: int, new_tokens: int, cache_
 
 def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=0, peaks=None):
   """Returns a list of {k, batch_size, greedy_step_s, block_step_s, ratio, ...accounting} records."""
-  cache_len = max_len + max(k_values) + 1
+  cache_len = decoder_lib.cache_len(max_len, block=max(k_values))  # one cache for greedy and every k
   c = model.config
 
   @jax.jit
   def encode(params, src):
     init_state, _, _ = model_lib.decode_fns(model, params)
-    return init_state(src, cache_len)
+    state = init_state(src, cache_len)
+    decoder_lib.check_cache_len(state, max_len, block=max(k_values))
+    return state
 
   @jax.jit
   def run_greedy(params, state):
@@ -166,21 +168,18 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
     _, score_fn, _ = model_lib.decode_fns(model, params)
     return decoding.greedy_body(score_fn, eos_id=NEVER)(carry)
 
-  # The k-head slice of the parameters is taken once per decode, outside the loop (model_lib.first_heads): take it
-  # here too, outside the compiled iteration, so that its one-time copy is not counted as a per-iteration cost.
-  heads_params = functools.partial(jax.jit, static_argnames='k')(lambda params, k: model_lib.first_heads(
-      model, params, k)[1])
-  heads_model = lambda k: model if k == c.k else model_lib.Transformer(dataclasses.replace(c, k=k))
-
-  @functools.partial(jax.jit, static_argnames='k')
-  def block_carry(params_k, state, k):
-    _, score_fn, propose_fn = model_lib.decode_fns(heads_model(k), params_k)
+  # The first k heads (model and parameters) are taken once per decode, outside the loop (model_lib.first_heads):
+  # take them outside the compiled iteration too, so that the one-time copy is not counted as a per-iteration cost.
+  # model_k already has k heads (or k = 1), so decode_fns' own first_heads slices nothing.
+  @functools.partial(jax.jit, static_argnames=('model_k', 'k'))
+  def block_carry(params_k, state, model_k, k):
+    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k)
     return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=state['src_mask_BxS'].shape[0], k=k,
-                                   max_len=max_len, bos_id=BOS)
+                                   max_len=max_len, bos_id=BOS, eos_id=NEVER)
 
-  @functools.partial(jax.jit, static_argnames='k')
-  def block_step(params_k, s, k):
-    _, score_fn, propose_fn = model_lib.decode_fns(heads_model(k), params_k)
+  @functools.partial(jax.jit, static_argnames=('model_k', 'k'))
+  def block_step(params_k, s, model_k, k):
+    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k)
     return decoding.blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=NEVER,
                                    criterion=decoding.Criterion(min_block=k))(s)
 
@@ -203,8 +202,9 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
       iterations = int(run_block(params, state, k=k)[1]) - 1  # the first invocation only proposes
       greedy_s = g_seconds / max_len
       block_s = (b_seconds - greedy_s) / iterations
-      params_k = heads_params(params, k=k)
-      block_flops, block_bytes = xla_cost(block_step, params_k, block_carry(params_k, state, k=k), k=k)
+      model_k, params_k = model_lib.first_heads(model, params, k)
+      block_flops, block_bytes = xla_cost(block_step, params_k, block_carry(params_k, state, model_k=model_k, k=k),
+                                          model_k=model_k, k=k)
       block_count = shape_count(c, batch=batch_size, new_tokens=k, cache_len=cache_len, src_len=src_len,
                                 projections=2 * k - 1, proposal_heads=k - 1)
       roof = lambda count, bandwidth='peak_gbyte_s': max(count['flops'] / (peaks['peak_gflop_s'] * 1e9),
@@ -272,16 +272,18 @@ def format_table(records, title='', tpu_chips=(), tpu_sizes=()):
   lines = [title] if title else []
   tpu_headers = [f"TPU {chip} ESTIMATE: ratio ({'; '.join(tpu_sizes)})" for chip in tpu_chips]
   lines += ['| k | batch | greedy step (ms) | blockwise iteration (ms) | ratio | roofline ratio (memory; L3) | '
+            'ratio / roofline ratio | '
             + ''.join(f'{h} | ' for h in tpu_headers) +
             'GFLOP greedy / iter (XLA; count) | MB greedy / iter (XLA; weights+cache) | '
             'achieved GFLOP/s greedy / iter | achieved GB/s greedy / iter |',
-            '|---' * (10 + len(tpu_headers)) + '|']
+            '|---' * (11 + len(tpu_headers)) + '|']
   for r in records:
     tpu = ''.join('; '.join(f"{r[f'tpu_{chip}_{size}_ratio']:.2f}" for size in tpu_sizes) + ' | '
                   for chip in tpu_chips)
     lines.append(
         f"| {r['k']} | {r['batch_size']} | {1e3 * r['greedy_step_s']:.2f} | {1e3 * r['block_step_s']:.2f} | "
-        f"{r['ratio']:.2f} | {r['roofline_ratio']:.2f}; {r['roofline_ratio_cached']:.2f} | {tpu}"
+        f"{r['ratio']:.2f} | {r['roofline_ratio']:.2f}; {r['roofline_ratio_cached']:.2f} | "
+        f"{r['ratio'] / r['roofline_ratio']:.2f} | {tpu}"
         f"{r['greedy_flops_xla'] / 1e9:.3f} / {r['block_flops_xla'] / 1e9:.3f} "
         f"({r['greedy_flops_count'] / 1e9:.3f} / {r['block_flops_count'] / 1e9:.3f}) | "
         f"{r['greedy_bytes_xla'] / 1e6:.1f} / {r['block_bytes_xla'] / 1e6:.1f} "
@@ -316,7 +318,8 @@ def main(argv):
   chip_devices, tpu_configs = tpu_setup(_TPU.value, tpu_sizes, config.data.vocab_size, max(k_values),
                                         _HEAD_HIDDEN.value)
   model_config = model_lib.model_config(config.model.size, vocab_size=config.data.vocab_size, k=max(k_values),
-                                        dropout_rate=0.0, dtype=config.model.dtype, head_hidden=_HEAD_HIDDEN.value)
+                                        dropout_rate=0.0, dtype=config.model.dtype, head_hidden=_HEAD_HIDDEN.value,
+                                        head_type=config.model.head_type)
   model = model_lib.Transformer(model_config)
   params = model_lib.init_params(model_config, jax.random.PRNGKey(0))
   peaks = machine_peaks()
@@ -325,7 +328,7 @@ def main(argv):
   add_tpu_estimates(records, chip_devices, tpu_configs)
   c = model_config
   title = (f'model {config.model.size}: d={c.d_model}, {c.num_encoder_layers}+{c.num_decoder_layers} layers, '
-           f'ff {c.d_ff}, head_hidden {c.head_hidden or c.d_ff}, vocab {c.vocab_size}, {c.dtype}; '
+           f'ff {c.d_ff}, head_hidden {c.head_hidden or c.d_ff}, {c.head_type} heads, vocab {c.vocab_size}, {c.dtype}; '
            f'{jax.devices()[0].platform}, {len(jax.devices())} device(s); {_MAX_LEN.value} tokens per run, '
            f'median of {_REPEATS.value} alternating runs per row; '
            f"measured peaks {peaks['peak_gflop_s']:.1f} GFLOP/s (float32 matmul), "
@@ -340,4 +343,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(lambda argv: errors.exit_on_user_error(main, argv))
+  app.run(lambda argv: errors.exit_on_user_error(main, argv), flags_parser=errors.parse_flags)

@@ -15,12 +15,12 @@ from absl import app
 from absl import flags
 import jax
 import numpy as np
-from ml_collections import config_flags
 
+from bpd import errors
 from bpd import model as model_lib
 from bpd import train
 
-_CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_ende.py', 'Model size and vocabulary.')
+_CONFIG = errors.define_config_file('config', 'configs/multi30k_ende.py', 'Model size and vocabulary.')
 _K = flags.DEFINE_integer('k', 8, 'Heads.')
 _BATCH = flags.DEFINE_integer('batch_size', 64, 'Rows per step.')
 _LENGTH = flags.DEFINE_integer('length', 32, 'Source and target length.')
@@ -62,4 +62,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=errors.parse_flags)

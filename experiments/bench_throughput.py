@@ -8,8 +8,8 @@ Each device count is measured in its own subprocess with XLA_FLAGS=--xla_force_h
 (bpd/sharding.py), so on an accelerator host the same command compares 1 chip with N. Random weights and
 random token ids, everything compiled and warmed up before timing:
   train     the real jitted train step (Adam, all k heads' losses): target tokens per second.
-  greedy    evaluate.Decoder greedy decoding: tokens produced (EOS included) per second.
-  blockwise evaluate.Decoder blockwise decoding, k heads, exact criterion: tokens produced per second.
+  greedy    bpd.decoder.Decoder greedy decoding: tokens produced (EOS included) per second.
+  blockwise bpd.decoder.Decoder blockwise decoding, k heads, exact criterion: tokens produced per second.
 Random proposal heads are almost never right (mean accepted block about 1), so blockwise is not faster
 than greedy here; this measures how each scales with devices, not the speedup (see bench_decode.py).
 On a CPU host, N fake devices share the same cores: more devices only add communication, so expect them
@@ -53,7 +53,7 @@ def _median_seconds(fn, repeats):
 def measure(num_devices: int) -> dict:
   """Runs in the child process: tokens per second on a mesh over the first `num_devices` devices."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bpd import decoding, evaluate, sharding, train  # pylint: disable=g-import-not-at-top
+  from bpd import decoder as decoder_lib, decoding, sharding, train  # pylint: disable=g-import-not-at-top
   from bpd import model as model_lib  # pylint: disable=g-import-not-at-top
 
   if jax.device_count() < num_devices:
@@ -80,7 +80,7 @@ def measure(num_devices: int) -> dict:
   jax.block_until_ready(out)
   train_seconds = (time.perf_counter() - start) / _STEPS.value
 
-  decoder = evaluate.Decoder(model, max_len=_MAX_LEN.value, mesh=mesh)
+  decoder = decoder_lib.Decoder(model, max_len=_MAX_LEN.value, mesh=mesh)
   params = state['params']
   greedy = lambda: decoder.greedy(params, src_BxS)
   block = lambda: decoder.blockwise(params, src_BxS, k=config.k, criterion=decoding.Criterion())

@@ -2,7 +2,7 @@ r"""Tree decoding against the chain: mean accepted block, iterations and wall-cl
 
   python -m experiments.choose_tree --config=configs/demo.py:regime=finetune,k=4 --workdir=runs/demo/k4
   python -m experiments.bench_trees --config=configs/demo.py:regime=finetune,k=4 --workdir=runs/demo/k4 \
-      --nodes=1,8,16,32,64 --batch_sizes=1,32 --figure=docs/trees.png
+      --nodes=1,8,16,32,64 --batch_sizes=1,32 --figure=runs/demo/k4/trees.png
 
 N = 1 is the paper's chain of k proposals (decoding.blockwise); N > 1 is the sparse tree 'nodes:N' built from the
 model's WORKDIR/trees.json (experiments/choose_tree.py), verified in one call per iteration (decoding.tree). All
@@ -213,4 +213,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  app.run(main, flags_parser=errors.parse_flags)

@@ -94,4 +94,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'workdir'])
-  app.run(main)
+  app.run(main, flags_parser=errors.parse_flags)

@@ -11,7 +11,7 @@ interrupted demo resumes):
 Prints the table and the base-vs-fine-tuned BLEU on the same sentences; plots are in runs/demo/k4/decode/,
 among them acceptance_vs_steps.png (agreement with greedy and the exact block size during stage 2).
 
-The head-training recipe (measured on this corpus; README "Demo results"): fresh heads at a high peak rate
+The head-training recipe (measured on this corpus: docs/results/demo.md): fresh heads at a high peak rate
 (train.head_learning_rate) and the trained base at a low one, with head 1 weighted in the loss
 (train.head1_weight), so that the base learns to carry the next tokens for the heads without losing its own
 next-token quality.
@@ -25,6 +25,7 @@ from absl import flags
 from absl import logging
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import evaluate
 from bpd import metrics
 from bpd import report
@@ -50,7 +51,7 @@ def run(workdir: str, base_steps: int, head_steps: int, k: int) -> list[dict]:
   if (checkpoint.latest_step(heads_dir) or 0) < head_steps:
     logging.info('Stage 2/3: %d heads, fine-tuned from the base -> %s', k, heads_dir)
     train.train_and_evaluate(heads, heads_dir)
-  out_dir = os.path.join(heads_dir, evaluate.DECODE_DIR)
+  out_dir = os.path.join(heads_dir, decoder_lib.DECODE_DIR)
   logging.info('Stage 3/3: decode sweep -> %s', out_dir)
   # The base model decodes greedily (k = 1: the blockwise settings of the config do not apply).
   base_records = evaluate.decode_sweep(base, base_dir)
@@ -70,7 +71,7 @@ def main(argv):
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  out = os.path.join(_WORKDIR.value, f'k{_K.value}', evaluate.DECODE_DIR)
+  out = os.path.join(_WORKDIR.value, f'k{_K.value}', decoder_lib.DECODE_DIR)
   base_bleu, tuned_bleu = records[0]['quality'], records[1]['quality']
   print(f'\nGreedy BLEU on the same {records[0]["examples"]} test sentences: base {base_bleu:.2f}, fine-tuned '
         f'{tuned_bleu:.2f} ({tuned_bleu - base_bleu:+.2f}).')

@@ -25,6 +25,7 @@ import numpy as np
 
 from bpd import decoder as decoder_lib
 from bpd import decoding
+from bpd import errors
 from bpd import model as model_lib
 from bpd import sharding
 from bpd import tasks
@@ -59,13 +60,13 @@ def model_config_of(config) -> model_lib.ModelConfig:
   return model_lib.model_config(config.model.size, vocab_size=vocab,
                                 k=1 if config.train.regime == 'base' else config.k,
                                 dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
-                                attention_block=config.model.get('attention_block', 0),
+                                attention_block=config.model.attention_block,
                                 **tasks.for_config(config).model_options(config))
 
 
 def preflight(config, devices) -> list[dict]:
   """[{'program', 'shape', 'arguments', ..., 'total'}] per-chip bytes of the train step and the decode loop."""
-  model_axis = config.get('model_axis_size', 1)
+  model_axis = config.model_axis_size
   if len(devices) % model_axis:
     raise UserError(f'config.model_axis_size={model_axis} does not divide the {len(devices)} devices of the topology.')
   # A Mesh over the abstract devices as listed (jax.make_mesh insists on one device per v4 chip, megacore mode).
@@ -77,7 +78,7 @@ def preflight(config, devices) -> list[dict]:
   model = model_lib.Transformer(model_config)
   params = jax.eval_shape(lambda: model_lib.init_params(model_config, jax.random.PRNGKey(0)))
   optimizer = train.make_optimizer(tc.regime, params, tc.learning_rate, tc.warmup_steps,
-                                   tc.get('head_learning_rate', 0.0))
+                                   tc.head_learning_rate)
   state = {'params': params, 'opt_state': jax.eval_shape(optimizer.init, params)}
   state_sharding = sharding.state_sharding(state, mesh)
   abstract = lambda tree, shardings: jax.tree.map(
@@ -91,7 +92,7 @@ def preflight(config, devices) -> list[dict]:
            'tgt_BxT': jax.ShapeDtypeStruct((tc.batch_size, tgt_len), jnp.int32, sharding=rows)}
   train_step = train.make_train_step(model, optimizer, seed=config.seed, head_loss=tc.head_loss,
                                      label_smoothing=tc.label_smoothing, state_sharding=state_sharding,
-                                     frozen=tc.regime == 'frozen', head1_weight=tc.get('head1_weight', 1.0))
+                                     frozen=tc.regime == 'frozen', head1_weight=tc.head1_weight)
   compiled = train_step.lower(abstract(state, state_sharding), batch, jax.ShapeDtypeStruct((), jnp.int32)).compile()
   records = [{'program': 'train step', 'shape': f'batch {tc.batch_size} x {src_len} / {tgt_len}',
               **per_chip_bytes(compiled)}]
@@ -143,4 +144,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config'])
-  app.run(main)
+  app.run(main, flags_parser=errors.parse_flags)

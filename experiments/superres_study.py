@@ -25,10 +25,10 @@ import os
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 import numpy as np
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import errors
 from bpd import evaluate
 from bpd import evaluate_images
@@ -42,7 +42,7 @@ from configs import common
 # Flags exist only when this file runs as a script: importing it (tests, another study script) defines none,
 # so two study scripts can be imported together.
 if __name__ == '__main__':
-  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/celeba_sr.py:cpu', 'The study config.')
+  _CONFIG = errors.define_config_file('config', 'configs/celeba_sr.py:cpu', 'The study config.')
   _WORKDIR = flags.DEFINE_string('workdir', 'runs/sr_study', 'Root folder of the study.')
   _STAGES = flags.DEFINE_list('stages', ['base', 'heads', 'decode', 'table'], 'Stages to run.')
   _REGIMES = flags.DEFINE_list('regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
@@ -147,7 +147,7 @@ def decode_one(config, name, workdir, split, plan):
                                    'decode.batch1_examples': plan.batch1_examples})
   logging.info('Stage decode: %s on %s', name, split)
   evaluate.decode_sweep(cfg, workdir)
-  os.replace(os.path.join(workdir, evaluate.DECODE_DIR), out)
+  os.replace(os.path.join(workdir, decoder_lib.DECODE_DIR), out)
 
 
 def write_table(config, root, plan):
@@ -213,7 +213,7 @@ def table2_markdown(rows) -> str:
 def write_grid(config, root, plan, split, batch_size, examples):
   """W/study_<split>_grid.png: input 8x8, ground truth, then every model's greedy and blockwise outputs on
   the first images that were decoded at `batch_size` (`examples` of them)."""
-  n = min(config.decode.get('grid_examples', 8), examples)
+  n = min(config.decode.grid_examples, examples)
   lowres_Nx8x8x3, highres_Nx32x32x3 = pipeline.load_image_split(config.data, split, n)
   n = len(highres_Nx32x32x3)
   rows, labels = [lowres_Nx8x8x3, highres_Nx32x32x3], ['input 8x8', 'ground truth']
@@ -227,7 +227,7 @@ def write_grid(config, root, plan, split, batch_size, examples):
       if (r['batch_size'] != batch_size or (name == 'base' and not greedy)
           or (greedy and name == 'frozen' and 'base' in decoded)):
         continue
-      setting = 'greedy' if greedy else evaluate.setting_name(r['k'], r['criterion'])
+      setting = 'greedy' if greedy else decoder_lib.setting_name(r['k'], r['criterion'])
       outputs = np.load(os.path.join(folder, f'{split}.{setting}.b{batch_size}.npy'))[:n]
       if len(outputs) == n:
         rows.append(outputs)
@@ -242,4 +242,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=errors.parse_flags)

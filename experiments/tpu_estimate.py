@@ -9,7 +9,7 @@ inputs (jax.ShapeDtypeStruct on one device of a one-chip topology) and compiled 
 compiled program's cost analysis: FLOPs and bytes accessed. The roofline estimate of each step is
 max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) with the published per-chip peaks below; ratio = iteration / greedy
 step, the number bench_decode measures on CPU. (The compiler's own 'optimal_seconds' is not used: it came back
-negative or zero for some of these steps, issue #12.)
+negative or zero for some of these steps.)
 
 This is an ESTIMATE: real steps also pay fixed per-op and per-loop-iteration latencies that a roofline ignores, and
 which dominate at batch 1 for a model this small, so the real ratio sits between the estimate and 1. XLA's bytes
@@ -81,7 +81,7 @@ def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch
   The model is `config` with DTYPE activations and k heads for an iteration (so that it reads the k - 1 proposal
   heads it uses, as bench_decode's pre-sliced parameters do; 1 head for a greedy step). param_dtype='compute': the
   parameters the loop reads are already in DTYPE, as decode_fns casts them once before the loop; 'float32': the
-  training parameters, cast inside every step (what the decoders did before issue #12).
+  training parameters, cast inside every step (what the decoders once did).
   """
   k = 1 if step == 'greedy' else k
   model = model_lib.Transformer(dataclasses.replace(config, k=k, dtype=DTYPE))
@@ -101,7 +101,8 @@ def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch
 
   def block_init(params, state):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=batch, k=k, max_len=max_len, bos_id=BOS)
+    return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=batch, k=k, max_len=max_len, bos_id=BOS,
+                                   eos_id=NEVER)
 
   def block_step(params, s):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
@@ -110,7 +111,8 @@ def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch
 
   def tree_init(params, state):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.tree_init(score_fn, propose_fn, state, batch_size=batch, paths=paths, max_len=max_len, bos_id=BOS)
+    return decoding.tree_init(score_fn, propose_fn, state, batch_size=batch, paths=paths, max_len=max_len, bos_id=BOS,
+                              eos_id=NEVER)
 
   def tree_step(params, s):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)

@@ -27,9 +27,9 @@ import os
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import distill
 from bpd import errors
 from bpd import evaluate
@@ -43,7 +43,7 @@ from configs import common
 # Flags exist only when this file runs as a script: importing it (tests, another study script) defines none,
 # so two study scripts can be imported together.
 if __name__ == '__main__':
-  _CONFIG = config_flags.DEFINE_config_file('config', 'configs/multi30k_ende.py', 'The study config.')
+  _CONFIG = errors.define_config_file('config', 'configs/multi30k_ende.py', 'The study config.')
   _WORKDIR = flags.DEFINE_string('workdir', 'runs/m30k_study', 'Root folder of the study.')
   _STAGES = flags.DEFINE_list('stages', ['base', 'distill', 'heads', 'decode', 'table'], 'Stages to run.')
   _REGIMES = flags.DEFINE_list('grid_regimes', ['frozen', 'finetune'], 'Training regimes of the k-head models.')
@@ -248,7 +248,7 @@ def decode_one(config, name, workdir, split, plan):
       continue
     logging.info('Stage decode: %s on %s at batch %d', name, split_name, batch_size)
     evaluate.decode_sweep(cfg, workdir)
-    os.replace(os.path.join(workdir, evaluate.DECODE_DIR), out)
+    os.replace(os.path.join(workdir, decoder_lib.DECODE_DIR), out)
 
 
 # Stern et al. 2018, Table 1 (WMT14 En->De newstest2013, BLEU / mean accepted block; DESIGN §2), by column and k.
@@ -338,4 +338,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=errors.parse_flags)

@@ -18,6 +18,12 @@ from bpd import losses
 from bpd import model as model_lib
 
 VOCAB, EOS, BOS = 24, 1, 2
+
+
+def pytest_configure(config):
+  # End-to-end tests that train or decode in subprocesses (the command line, 8 fake devices, two processes): the
+  # slowest part of the suite. `pytest -m "not slow"` runs the rest while developing; CI runs everything.
+  config.addinivalue_line('markers', 'slow: end-to-end test in subprocesses; deselect with -m "not slow"')
 SRC_LEN = 10
 
 

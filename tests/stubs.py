@@ -2,7 +2,10 @@
 
 The stub's next token is a hash of the whole prefix (source seed, then every token so far), so a decoder
 that reads a wrong or stale prefix gets a different answer. Its state mirrors a KV cache: row b keeps the
-running hash at every position, a call writes T positions from start_B[b] and reads the one before.
+running hash at every position, and a call writes T positions from start_B[b]. Like attention, a call reads
+every cached slot before start_B[b]: the hash at position p mixes in a digest of all the cached hashes before p
+(`_digest`), so a slot that a rollback or a tree's move left stale, or failed to fill, changes every later
+token, not only when it is the slot right before the block.
 Proposal head i (i = 2..k) predicts the true i-th next greedy token with probability `head_accuracy`
 (drawn per position and head from the hash), otherwise a token that is certainly wrong.
 """
@@ -22,6 +25,16 @@ def _mix(h, x):
   with np.errstate(over="ignore"):
     h = (h ^ (x.astype(np.uint32) + np.uint32(0x9E3779B9))) * np.uint32(0x85EBCA6B)
   return h ^ (h >> np.uint32(13))
+
+
+def _weighted(h, pos):
+  """One slot's share of the prefix digest: the hash at position pos, mixed with pos (uint32)."""
+  return _mix(h, pos.astype(np.uint32) if hasattr(pos, 'astype') else np.uint32(pos))
+
+
+def _step(h_prev, digest, token):
+  """The hash at a position from the one before it, the digest of every position before it, and its token."""
+  return _mix(_mix(h_prev, digest), token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,22 +74,31 @@ class Stub:
     start_B = jnp.broadcast_to(start_B, (B,))  # a scalar start puts every row at the same position
     rows = jnp.arange(B)
     h_prefix = jnp.where(start_B == 0, state['seed_B'], state['h_BxL'][rows, jnp.maximum(start_B - 1, 0)])
+    # The digest of the cached prefix: every slot before start (slot = position there), as attention reads them.
+    slots_L = jnp.arange(state['h_BxL'].shape[1])
+    cached_BxL = jnp.where(slots_L[None, :] < start_B[:, None], _weighted(state['h_BxL'], slots_L[None, :]),
+                           np.uint32(0))
+    digest_B = jnp.sum(cached_BxL, axis=1, dtype=jnp.uint32)
     if tree is None:
       depth_T, parent_T = np.arange(T), np.arange(T) - 1
     else:
       depth_T, ancestor_TxT = np.asarray(tree[0]), np.asarray(tree[1])
       parent_T = np.array([max([m for m in range(T) if ancestor_TxT[t, m] and m != t], default=-1,
                                key=lambda m: depth_T[m]) for t in range(T)])
-    hs = []
-    for t in range(T):
-      hs.append(_mix(h_prefix if parent_T[t] < 0 else hs[parent_T[t]], tokens_BxT[:, t]))
-    h_BxT = jnp.stack(hs, axis=1)
     pos_BxT = start_B[:, None] + jnp.asarray(depth_T)[None, :]
+    hs, digests = [], []
+    for t in range(T):  # parents come before their children (canonical order)
+      digest = digest_B
+      for m in sorted(_ancestors(parent_T, t)):  # the new tokens on the path before t, as if they were cached
+        digest = digest + _weighted(hs[m], pos_BxT[:, m])
+      digests.append(digest)
+      hs.append(_step(h_prefix if parent_T[t] < 0 else hs[parent_T[t]], digest, tokens_BxT[:, t]))
+    h_BxT = jnp.stack(hs, axis=1)
     slot_BxT = start_B[:, None] + jnp.arange(T)[None, :]
     h_BxL = state['h_BxL'].at[rows[:, None], slot_BxT].set(h_BxT)
     eos_at_BxT = jnp.broadcast_to(state['eos_at_B'][:, None], (B, T))
     logits = self._logits(self.next_token(h_BxT, pos_BxT, eos_at_BxT), h_BxT)
-    hidden = {'h': h_BxT, 'pos': pos_BxT, 'eos_at': eos_at_BxT}
+    hidden = {'h': h_BxT, 'pos': pos_BxT, 'eos_at': eos_at_BxT, 'digest': jnp.stack(digests, axis=1)}
     return logits, hidden, dict(state, h_BxL=h_BxL)
 
   def move_fn(self, state, start_B, source_BxD):
@@ -86,11 +108,12 @@ class Stub:
     return dict(state, h_BxL=state['h_BxL'].at[rows, start_B[:, None] + jnp.arange(source_BxD.shape[1])].set(h_BxD))
 
   def propose_fn(self, hidden):
-    h, pos, eos_at = hidden['h'], hidden['pos'], hidden['eos_at']
+    h, pos, eos_at, digest = hidden['h'], hidden['pos'], hidden['eos_at'], hidden['digest']
     preds, seconds = [], []
     tok = self.next_token(h, pos, eos_at)
     for i in range(2, self.k + 1):
-      h = _mix(h, tok)
+      digest = digest + _weighted(h, pos)
+      h = _step(h, digest, tok)
       pos = pos + 1
       tok = self.next_token(h, pos, eos_at)
       coin = (_mix(h, jnp.full_like(pos, 7919 * i)) % np.uint32(1000)).astype(jnp.float32) / 1000.0
@@ -113,13 +136,26 @@ class Stub:
     for b, (seed, eos_at) in enumerate(zip(seed_B, eos_at_B)):
       h = np.uint32(seed)
       tok = np.int32(BOS)
+      digest = np.uint32(0)
       for pos in range(max_len):
-        h = _mix(np.asarray(h, np.uint32), np.asarray(tok))
+        if pos:
+          with np.errstate(over='ignore'):
+            digest = np.uint32(digest + _weighted(np.asarray(h, np.uint32), np.uint32(pos - 1)))
+        h = _step(np.asarray(h, np.uint32), np.asarray(digest, np.uint32), np.asarray(tok))
         tok = self.next_token(np.asarray(h), pos, eos_at)
         out[b, pos] = tok
         if tok == EOS:
           break
     return out
+
+
+def _ancestors(parent_T, t):
+  """The nodes on the path to node t, t excluded (parent_T[n] = -1 at the roots)."""
+  out, n = set(), parent_T[t]
+  while n >= 0:
+    out.add(n)
+    n = parent_T[n]
+  return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,10 +57,14 @@ def test_exact_blockwise_equals_greedy_equals_reference(case):
   np.testing.assert_array_equal(np.asarray(block.length_B), np.asarray(greedy_length))
   ref_length = (reference != 0).sum(axis=1)
   np.testing.assert_array_equal(np.asarray(block.length_B), ref_length)
-  # Bookkeeping: the histogram counts every iteration once and adds up to the tokens produced.
+  # Bookkeeping: the histogram counts every iteration once and adds up to the tokens produced, except for a row
+  # whose first token ends it: the initial call produced it, with no iteration.
   counts = np.asarray(block.block_counts_BxK)
+  assert counts.shape[1] == case['k'] + 1
   np.testing.assert_array_equal(counts.sum(axis=1), np.asarray(block.iterations_B))
-  np.testing.assert_array_equal((counts * np.arange(1, case['k'] + 1)).sum(axis=1), ref_length)
+  first_call_only = np.asarray(block.iterations_B) == 0
+  np.testing.assert_array_equal(first_call_only, ref_length == 1)
+  np.testing.assert_array_equal((counts * np.arange(1, case['k'] + 2)).sum(axis=1), ref_length - first_call_only)
   assert int(block.invocations) == int(np.asarray(block.iterations_B).max()) + 1
 
 
@@ -74,13 +78,19 @@ def test_heads_always_right_accept_min_k_remaining(k, batch, seed):
   _, block = run(stub, rng.randint(0, 2**31, size=batch), eos_at_B, max_len)
   for b in range(batch):
     length = int(block.length_B[b])
-    # Every iteration accepts min(k, remaining): full blocks, then the remainder.
-    expected = [0] * k
-    expected[k - 1] += length // k
-    if length % k:
-      expected[length % k - 1] += 1
+    # Every iteration accepts min(k, remaining): full blocks, then the remainder. The last token (EOS or the
+    # max_len-th) is head 1's next choice after the previous block: when it is all that remains, that block's
+    # call produced it (k + 1 tokens), and the first call alone produces a one-token row.
+    expected = [0] * (k + 1)
+    full, rest = divmod(length - 1, k)
+    if length > 1 and rest == 0:
+      expected[k - 1] += full - 1
+      expected[k] += 1
+    elif length > 1:
+      expected[k - 1] += full
+      expected[rest] += 1
     assert list(np.asarray(block.block_counts_BxK[b])) == expected
-    assert int(block.iterations_B[b]) == -(-length // k)
+    assert int(block.iterations_B[b]) == -(-(length - 1) // k)
 
 
 @hypothesis.given(st.sampled_from([1, 2, 6, 10]), st.integers(0, 1000))
@@ -91,8 +101,12 @@ def test_heads_always_wrong_accept_one_and_still_equal_greedy(k, seed):
   seed_B, eos_at_B = rng.randint(0, 2**31, size=4), rng.randint(1, 20, size=4)
   (greedy_tokens, _, _), block = run(stub, seed_B, eos_at_B, 18)
   np.testing.assert_array_equal(np.asarray(block.tokens_BxL), np.asarray(greedy_tokens))
-  np.testing.assert_array_equal(np.asarray(block.iterations_B), np.asarray(block.length_B))
-  assert np.asarray(block.block_counts_BxK)[:, 1:].sum() == 0
+  # One token per iteration, but the last: the call that accepted the one before it produced it too.
+  length_B = np.asarray(block.length_B)
+  np.testing.assert_array_equal(np.asarray(block.iterations_B), length_B - 1)
+  counts = np.asarray(block.block_counts_BxK)
+  np.testing.assert_array_equal(counts[:, 1], (length_B > 1).astype(int))
+  assert counts[:, 2:].sum() == 0
 
 
 @pytest.mark.parametrize('spec', ['top_k:1', 'distance:0', 'min_block:1', 'top_k:1+min_block:1'])
@@ -267,6 +281,10 @@ def _reference_blockwise(stub, seed, eos_at, max_len, criterion):
     j = len(out)
     logits, hidden = _score_from_scratch(stub, seed, eos_at, out)
     proposals = [int(np.argmax(logits[j]))]
+    if proposals[0] == EOS or j + 1 >= max_len:
+      # The scoring model's next token ends the row: the call that produced these logits (the previous
+      # iteration's, or the first call) already has it, and no iteration is run to accept it alone.
+      return out + proposals[:1], iterations
     if k > 1:
       at_j = jax.tree.map(lambda x: x[:, j], hidden)
       proposals += [int(t) for t in np.argmax(np.asarray(stub.propose_fn(at_j))[0], axis=-1)]

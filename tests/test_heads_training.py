@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import evaluate
 from bpd import losses
 from bpd import model as model_lib
@@ -158,9 +159,9 @@ def test_agreement_with_greedy_equals_a_reference_count(heads_run):
   _, heads_dir, _, _ = heads_run
   model_config, params, _ = checkpoint.load_params(heads_dir)
   model = model_lib.Transformer(model_config)
-  decoder = evaluate.Decoder(model, max_len=24, mesh=sharding.make_mesh(1))
+  decoder = decoder_lib.Decoder(model, max_len=24, mesh=sharding.make_mesh(1))
   src_ids = _train_ids(tiny_config(k=3), heads_dir)[0][:20]
-  greedy_ids = evaluate.run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, 8)[0]
+  greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, 8)[0]
   got = train.agreement_with_greedy(train.make_eval_step(model, label_smoothing=0.0, mesh=decoder.mesh), params,
                                     src_ids, greedy_ids, 8, decoder.mesh)
   correct, total = np.zeros(3), np.zeros(3)

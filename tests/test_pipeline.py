@@ -193,6 +193,7 @@ def _main(workdir, *flags, env=None):
   return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_ends_with_the_same_parameters(tmp_path):
   killed = str(tmp_path / 'killed')
   proc = _main(killed, '--config.train.num_steps=1000', '--config.train.checkpoint_every=3')
@@ -211,6 +212,7 @@ def test_killed_and_resumed_run_ends_with_the_same_parameters(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
   workdir = str(tmp_path / 'term')
   proc = _main(workdir, '--config.train.num_steps=100000', '--config.train.checkpoint_every=100000')

@@ -20,8 +20,8 @@ import optax
 import pytest
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import decoding
-from bpd import evaluate
 from bpd import model as model_lib
 from bpd import sharding
 from bpd import train
@@ -110,6 +110,7 @@ def _worker_train_steps_agree():
   assert results['1'][0][0] != results['1'][0][2]  # the steps did train
 
 
+@pytest.mark.slow
 def test_train_steps_on_one_and_eight_devices_agree(cache_dir):
   _run_worker('_worker_train_steps_agree', cache_dir)
 
@@ -125,13 +126,13 @@ def _worker_decoding_agrees():
   # tie between two tokens may go the other way.
   for name in ('1', '8'):
     mesh = meshes[name]
-    decoder = evaluate.Decoder(model, max_len=16, mesh=mesh)
+    decoder = decoder_lib.Decoder(model, max_len=16, mesh=mesh)
     placed = sharding.place_state(params, mesh)
     batch_size = sharding.decode_batch_size(12, mesh)  # 16 on 8 devices: 21 rows -> 2 batches, 11 padding
     assert batch_size == (12 if name == '1' else 16)
-    greedy, _ = evaluate.run_batches(lambda src: decoder.greedy(placed, src)[0], src_ids, batch_size)
+    greedy, _ = decoder_lib.run_batches(lambda src: decoder.greedy(placed, src)[0], src_ids, batch_size)
     exact = decoding.Criterion()
-    block, _ = evaluate.run_batches(lambda src: decoder.blockwise(placed, src, k=3, criterion=exact), src_ids,
+    block, _ = decoder_lib.run_batches(lambda src: decoder.blockwise(placed, src, k=3, criterion=exact), src_ids,
                                     batch_size)
     outputs[name] = (np.stack(greedy), np.stack([o.tokens_BxL for o in block]))
   np.testing.assert_array_equal(outputs['8'][0], outputs['1'][0])
@@ -140,6 +141,7 @@ def _worker_decoding_agrees():
   assert len({tuple(row) for row in outputs['1'][0]}) > 1  # not one output for every source
 
 
+@pytest.mark.slow
 def test_greedy_and_blockwise_decoding_on_eight_devices_match_one(cache_dir):
   _run_worker('_worker_decoding_agrees', cache_dir)
 
@@ -152,6 +154,7 @@ def _worker_batch_size_error():
       train.train_and_evaluate(config, workdir)
 
 
+@pytest.mark.slow
 def test_batch_size_not_divisible_by_devices_is_a_clear_error(cache_dir):
   _run_worker('_worker_batch_size_error', cache_dir)
 
@@ -209,6 +212,7 @@ def _losses(log):
   return {int(step): float(loss) for step, loss in re.findall(r'train (\d+)/\d+ .*\| loss ([0-9.]+)', log)}
 
 
+@pytest.mark.slow
 def test_two_processes_train_resume_and_decode_like_one(tmp_path, cache_dir):
   # Process 1 gets its own workdir that holds only links to process 0's checkpoints, tokenizer and
   # model.json (what a shared file system would show it), so anything process 1 writes shows up there.

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bpd import decoder as decoder_lib
 from bpd import decoding
-from bpd import evaluate
 from bpd import timing
 from tests import stubs
 from tests.conftest import BOS, EOS, toy_batch
@@ -32,10 +32,10 @@ def test_time_side_by_side_on_a_subset_with_a_shorter_bucket_does_not_compile():
   """The timed subset (short sources) is padded to the split's bucket, the shape the full decode compiled."""
   f = jax.jit(lambda src: jnp.sum(src, axis=1))
   src_ids = [np.arange(1, 4)] * 3 + [np.arange(1, 20)]  # whole split: bucket 24; first 3 alone: bucket 8
-  bucket = evaluate.source_bucket(src_ids)
-  evaluate.run_batches(f, src_ids, 2)  # the full decode compiles at bucket 24
+  bucket = decoder_lib.source_bucket(src_ids)
+  decoder_lib.run_batches(f, src_ids, 2)  # the full decode compiles at bucket 24
   with timing.count_compiles() as counts:
-    seconds = evaluate.time_side_by_side([f], src_ids[:3], 2, repeats=2, bucket=bucket)
+    seconds = decoder_lib.time_side_by_side([f], src_ids[:3], 2, repeats=2, bucket=bucket)
   assert counts['compiles'] == 0 and len(seconds) == 1
 
 

@@ -120,9 +120,11 @@ def test_exact_tree_equals_greedy_reference(case):
   length = (reference != 0).sum(axis=1)
   np.testing.assert_array_equal(np.asarray(tree.length_B), length)
   counts = np.asarray(tree.block_counts_BxK)
-  assert counts.shape[1] == decoding.tree_depth(decoding.check_tree(case['tree'], 4))
+  assert counts.shape[1] == decoding.tree_depth(decoding.check_tree(case['tree'], 4)) + 1
   np.testing.assert_array_equal(counts.sum(axis=1), np.asarray(tree.iterations_B))
-  np.testing.assert_array_equal((counts * np.arange(1, counts.shape[1] + 1)).sum(axis=1), length)
+  first_call_only = np.asarray(tree.iterations_B) == 0  # the first call produced the row's only token
+  np.testing.assert_array_equal(first_call_only, length == 1)
+  np.testing.assert_array_equal((counts * np.arange(1, counts.shape[1] + 1)).sum(axis=1), length - first_call_only)
 
 
 @hypothesis.given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 8]), st.sampled_from([1, 7, 20]),
@@ -140,12 +142,13 @@ def test_one_path_tree_is_exactly_blockwise(k, batch, max_len, spec, seed):
 
 
 def test_heads_always_right_accept_full_paths_and_stop_inside_one():
-  """Heads always right: every iteration accepts the tree's depth, except the last, cut by EOS or max_len."""
+  """Heads always right: every iteration accepts the tree's depth, except the last, cut by EOS or max_len; a last
+  token left alone (EOS at index 8, after two full paths) comes with the iteration before it."""
   stub = Stub(vocab_size=16, k=4, head_accuracy=1.0)
   eos_at_B = np.array([6, 9, 100, 100])  # EOS at output index 5 and 8: inside a 4-token path
   tree = run(stub, [11, 12, 13, 14], eos_at_B, 14, TREES[1])
   assert np.asarray(tree.length_B).tolist() == [6, 9, 14, 14]  # 14: max_len inside the fourth path
-  assert np.asarray(tree.iterations_B).tolist() == [2, 3, 4, 4]
+  assert np.asarray(tree.iterations_B).tolist() == [2, 2, 4, 4]
   assert np.asarray(tree.tokens_BxL)[0, 5] == EOS
 
 
@@ -180,6 +183,8 @@ def _reference_tree(stub, seed, eos_at, max_len, paths, criterion):
   while True:
     j = len(out)
     logits, hidden = _score_from_scratch(stub, seed, eos_at, out)
+    if int(np.argmax(logits[j])) == EOS or j + 1 >= max_len:  # the next token ends the row: no iteration for it
+      return out + [int(np.argmax(logits[j]))], iterations
     heads = [logits[j]]
     if stub.k > 1:
       heads += list(np.asarray(stub.propose_fn(jax.tree.map(lambda x: x[:, j], hidden)))[0])

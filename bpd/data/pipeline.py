@@ -56,7 +56,7 @@ def check_source(data_config, need_splits=()):
 
 
 def _check_image_source(data_config, need_splits):
-  image_source = data_config.get('image_source', 'npy')
+  image_source = data_config.image_source
   if image_source not in IMAGE_SOURCES:
     raise UserError(f'config.data.image_source={image_source!r} is not one of {IMAGE_SOURCES}.')
   if data_config.distilled_from:
@@ -73,7 +73,7 @@ def _check_image_source(data_config, need_splits):
 
 def load_image_split(data_config, split: str, max_examples: int | None = None):
   """(lowres_Nx8x8x3, highres_Nx32x32x3) uint8 of one image split: all of it, or its first max_examples."""
-  if data_config.get('image_source', 'npy') == 'tfds':
+  if data_config.image_source == 'tfds':
     return images.load_tfds_split(split, data_config.tfds_data_dir, max_examples=max_examples)
   lowres_Nx8x8x3, highres_Nx32x32x3 = images.load_npy_split(data_config.dir, split)
   if max_examples is not None:
