@@ -137,7 +137,7 @@ class Decoder:
   def _speculative(self, params, src_BxS, temperature, key, k, paths):
     depth = k if paths is None else decoding.tree_depth(paths)
     init_state, score_fn, propose_fn = model_lib.decode_fns(self.model, params, num_heads=depth)
-    state = init_state(src_BxS, self.max_len + (depth if paths is None else len(paths)) + 1)
+    state = self._init(init_state, src_BxS, block=depth if paths is None else len(paths))
     return speculative_lib.speculative(score_fn, propose_fn, state, key=key, temperature=temperature,
                                        batch_size=src_BxS.shape[0], k=depth, max_len=self.max_len,
                                        bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id, paths=paths,
