@@ -13,6 +13,7 @@ from absl import logging
 from bpd import checkpoint
 from bpd import decoding
 from bpd import model as model_lib
+from bpd import speculative
 from bpd import trees
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
@@ -122,7 +123,7 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
     if k < 1 or (model_k > 1 and k > model_k):
       raise UserError(f'config.decode.ks contains {k}, but the checkpoint in {workdir} has k={model_k} heads: '
                       f'a sweep can use k\' = 1..{model_k} heads. Drop {k} or train a model with more heads.')
-  criteria = [decoding.parse_criterion(spec, k=model_k if model_k > 1 else None)  # raises on a bad spec
+  criteria = [speculative.parse_decode_criterion(spec, k=model_k if model_k > 1 else None)  # raises on a bad spec
               for spec in dc.criteria]
   for field in ('batch_sizes',):
     if any(b < 1 for b in dc[field]):
@@ -140,14 +141,14 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
   if temperature < 0:
     raise UserError(f'config.decode.temperature={temperature} must be >= 0 (0: no sampling; 1: the model\'s own '
                     'distribution; below 1 sharper).')
-  if temperature > 0 and config.data.source != 'images':
-    raise UserError(f'config.decode.temperature={temperature}: temperature sampling is a decode option for images '
-                    '(config.data.source=images); translation decodes greedily and blockwise only. Set '
-                    '--config.decode.temperature=0.')
+  if speculative.CRITERION in criteria and temperature <= 0:
+    raise UserError(f'config.decode.criteria contains {speculative.CRITERION!r}, which samples at '
+                    'config.decode.temperature, but the temperature is 0: set --config.decode.temperature=T > 0 '
+                    '(1: the model\'s own distribution) or drop the criterion.')
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
   check_workdir(workdir)
   # min_block:l only makes sense where l <= k'; those pairs are left out of the sweep (and logged).
-  sweep = [(k, c) for k in dc.ks for c in criteria if c.min_block <= k and k <= model_k]
+  sweep = [(k, c) for k in dc.ks for c in criteria if getattr(c, 'min_block', 1) <= k and k <= model_k]
   if model_k == 1 and len(sweep) < len(dc.ks) * len(criteria):
     logging.info('The model in %s has k=1 (no proposal heads): the sweep keeps only k\'=1 (greedy is always '
                  'decoded).', workdir)
@@ -177,7 +178,13 @@ def check_trees(config, workdir: str, model_k: int,
                       + model_lib.SEQUENTIAL_TREES)
     zero_path_D = None if paths is None else decoding.tree_layout(paths)['zero_path_D']
     for spec_c in config.decode.criteria:
-      criterion = decoding.parse_criterion(spec_c, k=model_k)
+      criterion = speculative.parse_decode_criterion(spec_c, k=model_k)
+      if criterion == speculative.CRITERION:
+        if paths is not None and [p for p in paths if len(p) == 1] != [(0,)]:
+          logging.info('Tree %s has several roots; speculative sampling needs the single root (0,): left out.', spec)
+          continue
+        settings.append((spec, paths, criterion))
+        continue
       if zero_path_D is not None and criterion.min_block > 1 and (
           criterion.min_block > len(zero_path_D) or zero_path_D[criterion.min_block - 1] < 0):
         logging.info('Tree %s lacks the rank-0 path of %d nodes that %s forces: left out.', spec,

@@ -16,6 +16,7 @@ from bpd import decoding
 from bpd import metrics
 from bpd import model as model_lib
 from bpd import sharding
+from bpd import speculative as speculative_lib
 from bpd import timing
 from bpd.data import batching
 from bpd.data import tokenizer as tokenizer_lib
@@ -47,7 +48,8 @@ def check_cache_len(state, max_len: int, block: int = 0) -> None:
 
 
 class Decoder:
-  """Jitted greedy, blockwise and beam decoding of one model at one maximum output length.
+  """Jitted greedy, blockwise, tree, beam, sampled and speculatively sampled decoding of one model at one maximum
+  output length.
 
   Each method takes the whole batch as a host array (the same on every process). With a `mesh`, the batch
   is split along 'data' and the outputs come back replicated, so that every process can read them all.
@@ -62,6 +64,7 @@ class Decoder:
     self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
     self._sample_jit = jax.jit(self._sample, out_shardings=out)
     self._tree_jit = jax.jit(self._tree, static_argnames=('paths', 'criterion'), out_shardings=out)
+    self._speculative_jit = jax.jit(self._speculative, static_argnames=('k', 'paths'), out_shardings=out)
     self._first_heads_jit = jax.jit(lambda params, k: model_lib.first_heads(self.model, params, k)[1],
                                     static_argnames='k')
     self._heads_cache = {}  # k -> (the params it was cut from, their first k heads)
@@ -104,6 +107,16 @@ class Decoder:
     return self._tree_jit(self._heads(params, decoding.tree_depth(paths)), self._put(src_BxS), paths=paths,
                           criterion=criterion)
 
+  def speculative(self, params, src_BxS, k: int, temperature: float, seed: int, paths=None):
+    """A decoding.BlockwiseResult of lossless speculative sampling at `temperature` (bpd/speculative.py): the
+    samples follow softmax(head 1 / temperature) exactly, as `sample`'s do, with k heads drafting (paths: a tree
+    with the single root (0,), speculative.check_sampling_tree; None: the chain of k). Compiled once per
+    (batch shape, k, paths); temperature and seed are traced. Row b draws from fold_in(PRNGKey(seed), b): the
+    same seed and batch give the same samples, and a row's samples do not depend on the other rows."""
+    depth = k if paths is None else decoding.tree_depth(paths)
+    return self._speculative_jit(self._heads(params, depth), self._put(src_BxS), jnp.float32(temperature),
+                                 jax.random.PRNGKey(seed), k=k, paths=paths)
+
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""
     return self._beam_jit(params, self._put(src_BxS), beam_size=beam_size, alpha=alpha)
@@ -142,6 +155,15 @@ class Decoder:
     return decoding.tree(score_fn, propose_fn, model_lib.move_cache, state, batch_size=src_BxS.shape[0],
                          paths=paths, k=k, max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
                          criterion=criterion)
+
+  def _speculative(self, params, src_BxS, temperature, key, k, paths):
+    depth = k if paths is None else decoding.tree_depth(paths)
+    init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(depth), params)  # params: `_heads`
+    state = self._init(init_state, src_BxS, block=depth if paths is None else len(paths))
+    return speculative_lib.speculative(score_fn, propose_fn, state, key=key, temperature=temperature,
+                                       batch_size=src_BxS.shape[0], k=depth, max_len=self.max_len,
+                                       bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id, paths=paths,
+                                       move_fn=model_lib.move_cache)
 
   def _beam(self, params, src_BxS, beam_size, alpha):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)

@@ -1,7 +1,7 @@
 """The `--mode=decode` sweep, one for both tasks (bpd/tasks.py: translation, super-resolution).
 
 The sweep decodes each evaluation split with greedy decoding (the baseline, always), with temperature sampling
-if config.decode.temperature > 0 (images; seed config.decode.seed), and with blockwise parallel decoding for
+if config.decode.temperature > 0 (seed config.decode.seed), and with blockwise parallel decoding for
 every (k' heads, criterion) of the config, at every batch size, and writes into {workdir}/decode/:
 results.json (one record per setting), results.md (the table), one output file per setting
 (<split>.<setting>.b<batch>.txt: detokenized translations in source order; .npy for images), PNG plots
@@ -14,6 +14,9 @@ until its slowest row is done, which is what batch > 1 wall-clock time follows).
 speedup = median greedy seconds / median blockwise seconds: same model, inputs, batch size and device,
 both compiled and warmed up, run alternately in the same process (config.decode.timing_examples /
 timing_repeats choose how much is timed).
+The criterion 'speculative' (bpd/speculative.py) samples at config.decode.temperature, exactly, with the heads
+drafting; its rows carry temperature and seed, and their speedup is median ancestral-sampling seconds (the
+sampled row's decoder, same temperature, timed alternately with it: sample_seconds) / median speculative seconds.
 
 On several devices (bpd/sharding.py) each batch is split along 'data': decoding is per row, so the rows
 simply divide among the devices; batch sizes are rounded up to a multiple of the data axis (padding rows,
@@ -34,6 +37,7 @@ from bpd import decoding
 from bpd import model as model_lib
 from bpd import report
 from bpd import sharding
+from bpd import speculative
 from bpd import tasks
 
 @dataclasses.dataclass(frozen=True)
@@ -106,22 +110,23 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
   logging.info('%s b%d greedy: %s, %.2fs (%s)', split, batch_size, _fields(greedy_scores), greedy_seconds,
                _fields(baselines) or 'no baselines')
 
-  def measure(name, fn):
-    """Decodes every example with fn, times it next to greedy, scores and writes its outputs."""
+  def measure(name, fn, baseline_fn=greedy_fn, baseline='greedy'):
+    """Decodes every example with fn, times it next to the baseline (greedy; ancestral sampling for speculative
+    sampling), scores and writes its outputs."""
     out, _ = _decode_setting(fn, src_ids, batch_size, bucket, f'{split} {name} b{batch_size}')
-    g_seconds, seconds = decoder_lib.time_side_by_side([greedy_fn, fn], timing_ids, batch_size, timing_repeats,
+    g_seconds, seconds = decoder_lib.time_side_by_side([baseline_fn, fn], timing_ids, batch_size, timing_repeats,
                                                        bucket, f'{split} {name} b{batch_size}')
     tokens = [o[0] if isinstance(o, tuple) else o.tokens_BxL for o in out]
     outputs = task.outputs(tokenizer, tokens)
     outputs_by_name[name] = outputs
     task.write_outputs(os.path.join(out_dir, f'{split}.{name}.b{batch_size}'), outputs)
-    timing = {'greedy_seconds': g_seconds, 'seconds': seconds, 'speedup': g_seconds / seconds,
+    timing = {f'{baseline}_seconds': g_seconds, 'seconds': seconds, 'speedup': g_seconds / seconds,
               'identical_to_greedy': float(np.mean([np.array_equal(a, b) for a, b in zip(tokens, greedy_tokens)]))}
     return out, {**task.scores(outputs, references, greedy_outputs), **timing}
 
-  if temperature > 0:  # not blockwise (yet): a baseline for a later speculative-sampling mode
+  sample_fn = lambda src: decoder.sample(params, src, temperature, seed)
+  if temperature > 0:  # ancestral sampling: the baseline of the 'speculative' rows
     criterion = f'sample:{temperature:g}'
-    sample_fn = lambda src: decoder.sample(params, src, temperature, seed)
     out, fields = measure(decoder_lib.setting_name(1, criterion), sample_fn)
     count = int(sum(int(o[1]) for o in out))
     records.append({**base, **one_per_call, 'iterations': count, 'invocations': count, 'tokens': count,
@@ -136,14 +141,20 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
     batch_invocations = []  # model calls of each batch: its slowest row decides when the batch is done
 
     def blockwise_fn(src, k=k, criterion=criterion, paths=paths, calls=batch_invocations):
-      if paths is None:  # a chain ('chain' in config.decode.trees too): the paper's loop
+      if criterion == speculative.CRITERION:  # lossless sampling at the sampled row's temperature and seed
+        result = decoder.speculative(params, src, k=k, temperature=temperature, seed=seed, paths=paths)
+      elif paths is None:  # a chain ('chain' in config.decode.trees too): the paper's loop
         result = decoder.blockwise(params, src, k=k, criterion=criterion)
       else:
         result = decoder.tree(params, src, paths=paths, criterion=criterion)
       calls.append(result.invocations)
       return result
 
-    out, fields = measure(name, blockwise_fn)
+    sampled = criterion == speculative.CRITERION
+    # Speculative sampling's speedup is over ancestral sampling at the same temperature, timed side by side.
+    out, fields = measure(name, blockwise_fn, *((sample_fn, 'sample') if sampled else ()))
+    if sampled:
+      fields.update(temperature=float(temperature), seed=seed)
     # The rows back into one batch of the whole split, with the calls of its batches: decoding.summarize's
     # statistics (DESIGN §2). batch_invocations: the warm-up batch, the full decode's batches, then the timing's.
     num_batches = -(-len(src_ids) // batch_size)

@@ -40,8 +40,9 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   train.input_noise    images: Gaussian noise (std in intensity levels) on the decoder's input pixels in training,
                        targets clean (not in the paper; bpd/train.py noisy_pixel_inputs). 0 = off.
   decode.*             the sweep of `--mode=decode`: heads k' <= k, criteria, trees, batch sizes, splits.
-  decode.temperature   images: > 0 adds a row sampled at this temperature (seed decode.seed) beside greedy and the
-                       blockwise rows, which stay argmax-based (sampling is not blockwise); 0 = greedy only.
+  decode.temperature   > 0 adds a row sampled at this temperature (seed decode.seed) beside greedy and the blockwise
+                       rows, which stay argmax-based; the criterion 'speculative' in decode.criteria samples at it
+                       blockwise, exactly (bpd/speculative.py); 0 = greedy only.
   decode.grid_examples images: how many validation images the figure of outputs shows (decode/SPLIT.grid.png).
 """
 
@@ -195,7 +196,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.batch1_examples = 0  # batch size 1 decodes only the first N examples (0 = all)
   c.decode.matmul_precision = ''  # '' (the backend's default) | 'highest' (float32 matmuls on GPU/TPU)
   c.decode.timing_repeats = 3  # alternate greedy/blockwise runs this many times; medians give the speedup
-  c.decode.temperature = 0.0  # images: > 0 also decodes by sampling at this temperature (a row of its own)
+  c.decode.temperature = 0.0  # > 0 also decodes by sampling at this temperature (a row of its own; 'speculative')
   c.decode.seed = 0  # the sampled row's random seed (same seed and batch size: same samples)
   c.decode.grid_examples = 8  # images: validation images in the figure of outputs (decode/SPLIT.grid.png)
 

@@ -156,3 +156,83 @@ def _ancestors(parent_T, t):
     out.add(n)
     n = parent_T[n]
   return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftStub:
+  """Soft next-token distributions over a small vocabulary that depend on the whole prefix: the subject of the
+  exactness-in-distribution tests of speculative sampling (tests/test_speculative.py), small enough that the
+  distribution of whole outputs can be enumerated (`exact_distribution`).
+
+  Head 1's logits after a prefix with hash h: spread * (u_v - 1/2) for EOS and the words, u_v a hash of (h, v)
+  in [0, 1), plus eos_bias on EOS; PAD and BOS never come (-1e9). Proposal head i (predicting y_{j+i} from
+  position j) gives the logits head 1 would give after the prefix extended by its own argmax path of i - 1
+  tokens, plus head_noise times hash noise: close to the true distribution of y_{j+i}, never equal to it.
+  The state mirrors a KV cache, as Stub's: the running hash at every slot; trees as in Stub.score_fn.
+  """
+  vocab_size: int = 6
+  k: int = 4
+  spread: float = 3.0
+  head_noise: float = 1.0
+  eos_bias: float = 0.0
+
+  def logits(self, h):
+    """Head 1's logits [..., V] after the prefix with hash h (numpy or JAX, uint32 [...])."""
+    xp = np if isinstance(h, (np.ndarray, np.generic)) else jnp
+    vocab = xp.arange(self.vocab_size, dtype=xp.uint32)
+    u = (_mix(h[..., None], vocab) % np.uint32(1000)).astype(xp.float32) / 1000.0
+    logits = self.spread * (u - 0.5) + self.eos_bias * (xp.arange(self.vocab_size) == EOS)
+    return xp.where((vocab == PAD) | (vocab == BOS), -1e9, logits).astype(xp.float32)
+
+  def init_state(self, seed_B, cache_len):
+    B = seed_B.shape[0]
+    return {'h_BxL': jnp.zeros((B, cache_len), jnp.uint32), 'seed_B': seed_B.astype(jnp.uint32)}
+
+  def score_fn(self, state, tokens_BxT, start_B, tree=None):
+    B, T = tokens_BxT.shape
+    start_B = jnp.broadcast_to(start_B, (B,))
+    rows = jnp.arange(B)
+    h_prefix = jnp.where(start_B == 0, state['seed_B'], state['h_BxL'][rows, jnp.maximum(start_B - 1, 0)])
+    if tree is None:
+      parent_T = np.arange(T) - 1
+    else:
+      depth_T, ancestor_TxT = np.asarray(tree[0]), np.asarray(tree[1])
+      parent_T = np.array([max([m for m in range(T) if ancestor_TxT[t, m] and m != t], default=-1,
+                               key=lambda m: depth_T[m]) for t in range(T)])
+    hs = []
+    for t in range(T):
+      hs.append(_mix(h_prefix if parent_T[t] < 0 else hs[parent_T[t]], tokens_BxT[:, t]))
+    h_BxT = jnp.stack(hs, axis=1)
+    slot_BxT = start_B[:, None] + jnp.arange(T)[None, :]
+    h_BxL = state['h_BxL'].at[rows[:, None], slot_BxT].set(h_BxT)
+    return self.logits(h_BxT), {'h': h_BxT}, dict(state, h_BxL=h_BxL)
+
+  move_fn = Stub.move_fn
+
+  def propose_fn(self, hidden):
+    h = hidden['h']
+    out = []
+    for i in range(2, self.k + 1):
+      h = _mix(h, jnp.argmax(self.logits(h), axis=-1))  # one more token of head 1's argmax path
+      noise = (_mix(_mix(hidden['h'], jnp.full_like(hidden['h'], 7919 * i))[..., None],
+                    jnp.arange(self.vocab_size, dtype=jnp.uint32)) % np.uint32(1000)).astype(jnp.float32) / 1000.0
+      out.append(self.logits(h) + self.head_noise * (noise - 0.5))
+    return jnp.stack(out, axis=1)
+
+  def exact_distribution(self, seed, max_len, temperature):
+    """{output tokens (EOS included): probability} of ancestral sampling at `temperature`, enumerated in numpy."""
+    out = {}
+
+    def walk(h, prefix, prob):
+      if len(prefix) == max_len or (prefix and prefix[-1] == EOS):
+        out[tuple(prefix)] = prob
+        return
+      logits = self.logits(np.asarray(h, np.uint32)).astype(np.float64) / temperature
+      p = np.exp(logits - logits.max())
+      p /= p.sum()
+      for v in range(self.vocab_size):
+        if p[v] > 0:
+          walk(_mix(np.asarray(h, np.uint32), np.asarray(v)), prefix + [v], prob * p[v])
+
+    walk(_mix(np.asarray(seed, np.uint32), np.asarray(BOS)), [], 1.0)
+    return out

@@ -1,0 +1,214 @@
+"""Speculative sampling (bpd/speculative.py) is exact in distribution, for chains and trees, at batch 1 and > 1.
+
+The subject is tests/stubs.py SoftStub: soft logits over 6 tokens (EOS and three words can come) that depend on
+the whole prefix, and proposal heads close to, but never equal to, the true distributions. Outputs are cut at
+max_len = 3 or 4 tokens, so the exact distribution of whole outputs (40 or 121 of them) is enumerated by
+ancestral sampling in numpy (SoftStub.exact_distribution). The rows of one batch are independent streams, so one
+jitted call of 20000 rows is 20000 samples.
+
+The bound: Pearson's chi-square statistic of the 20000 samples against the enumerated distribution, over the
+outcomes expected at least 5 times (the rarer ones merged into one cell, Cochran's rule, so that the chi-square
+approximation holds), compared with the chi-square quantile of false-alarm rate ALPHA = 1e-4 at cells - 1
+degrees of freedom. A sample outside the support fails outright. Every comparison of a correct sampler therefore
+fails by chance with probability about 1e-4 (the seeds are fixed, so a run is reproducible); the planted errors
+(speculative._plant) push the statistic 9 to 90 times past the bound (645 to 6900 against 73.5).
+"""
+
+import collections
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from bpd import decoder as decoder_lib
+from bpd import decoding
+from bpd import speculative
+from bpd.errors import UserError
+from tests.stubs import BOS, EOS, SoftStub
+
+ALPHA = 1e-4  # false-alarm rate of one comparison
+SAMPLES = 20000
+SEED = 5  # the stub's source: every row decodes the same source
+TREE = ((0,), (0, 0), (0, 1), (0, 2), (0, 0, 0), (0, 0, 1), (0, 1, 0))  # siblings at depths 1 and 2
+
+
+@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'paths', 'plant'))
+def _sample(key, seed_B, temperature, *, stub, batch_size, max_len, paths=None, plant=None):
+  state = stub.init_state(seed_B, max_len + (len(paths) if paths else stub.k) + 1)
+  return speculative.speculative(stub.score_fn, stub.propose_fn, state, key=key, temperature=temperature,
+                                 batch_size=batch_size, k=stub.k, max_len=max_len, bos_id=BOS, eos_id=EOS,
+                                 paths=paths, move_fn=stub.move_fn, _plant=plant)
+
+
+@functools.partial(jax.jit, static_argnames=('stub', 'max_len', 'paths'))
+def _sample_batch1(keys, temperature, *, stub, max_len, paths=None):
+  """SAMPLES decodes at batch 1, one key each (vmap: each keeps its own loop condition and state)."""
+  one = lambda key: _sample.__wrapped__(key, jnp.full((1,), SEED, jnp.uint32), temperature, stub=stub,
+                                        batch_size=1, max_len=max_len, paths=paths)
+  return jax.vmap(one)(keys)
+
+
+def _outcomes(tokens_BxL, length_B):
+  return [tuple(row[:n]) for row, n in zip(np.asarray(tokens_BxL).tolist(), np.asarray(length_B).tolist())]
+
+
+def chi_square(outcomes, exact):
+  """(Pearson's statistic, its false-alarm bound at ALPHA, outcomes outside the support), module docstring."""
+  counts = collections.Counter(outcomes)
+  n = len(outcomes)
+  outside = sum(c for o, c in counts.items() if o not in exact)
+  cells, rare_observed, rare_expected = [], 0, 0.0
+  for outcome, prob in exact.items():
+    if n * prob >= 5:
+      cells.append((counts.get(outcome, 0), n * prob))
+    else:
+      rare_observed, rare_expected = rare_observed + counts.get(outcome, 0), rare_expected + n * prob
+  if rare_expected > 0:
+    cells.append((rare_observed, rare_expected))
+  statistic = sum((o - e) ** 2 / e for o, e in cells)
+  return statistic, stats.chi2.isf(ALPHA, len(cells) - 1), outside
+
+
+def assert_matches_ancestral(result, stub, max_len, temperature):
+  """The samples of `result` (a BlockwiseResult, or (tokens, lengths)) follow ancestral sampling of the stub."""
+  tokens, lengths = (result.tokens_BxL, result.length_B) if hasattr(result, 'tokens_BxL') else result
+  statistic, bound, outside = chi_square(_outcomes(tokens, lengths), stub.exact_distribution(SEED, max_len,
+                                                                                             temperature))
+  assert outside == 0, f'{outside} samples the model cannot produce'
+  assert statistic < bound, f'chi-square {statistic:.1f} >= {bound:.1f}: not the model\'s distribution'
+  return statistic
+
+
+def _batch(stub, max_len, temperature, paths=None, plant=None, key=0):
+  return _sample(jax.random.PRNGKey(key), jnp.full((SAMPLES,), SEED, jnp.uint32), jnp.float32(temperature),
+                 stub=stub, batch_size=SAMPLES, max_len=max_len, paths=paths, plant=plant)
+
+
+# -- the reference itself ----------------------------------------------------------------------------------
+
+def test_the_enumerated_distribution_is_what_ancestral_sampling_draws():
+  """The project's own ancestral sampler (greedy over sampling_score_fn) passes the test: the enumeration and
+  the bound are right, so a failure below is the speculative sampler's."""
+  stub = SoftStub(k=1)
+
+  @jax.jit
+  def ancestral(key):
+    score_fn = decoder_lib.sampling_score_fn(stub.score_fn, key, jnp.float32(0.6))
+    tokens, length, _ = decoding.greedy(score_fn, stub.init_state(jnp.full((SAMPLES,), SEED, jnp.uint32), 4),
+                                        batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS)
+    return tokens, length
+
+  assert_matches_ancestral(ancestral(jax.random.PRNGKey(1)), stub, 3, 0.6)
+
+
+# -- exact in distribution ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('k, max_len, temperature', [(2, 3, 1.0), (3, 3, 0.6), (4, 4, 1.0)])
+def test_chain_samples_follow_the_model_at_batch_above_1(k, max_len, temperature):
+  stub = SoftStub(k=k)
+  result = _batch(stub, max_len, temperature)
+  assert_matches_ancestral(result, stub, max_len, temperature)
+  # The rows were ragged and every branch of the rule ran: rejections (blocks of 1), partial blocks and full
+  # blocks (the bonus token), EOS inside a block (outputs shorter than max_len).
+  counts = np.asarray(result.block_counts_BxK).sum(axis=0)
+  assert counts.shape == (k,) and (counts > SAMPLES // 50).all(), counts
+  assert 0.1 < np.mean(np.asarray(result.length_B) < max_len) < 0.9
+  np.testing.assert_array_equal(np.asarray(result.block_counts_BxK).sum(axis=1), np.asarray(result.iterations_B))
+
+
+def test_tree_samples_follow_the_model_at_batch_above_1():
+  stub = SoftStub(k=3)
+  result = _batch(stub, 3, 0.8, paths=TREE)
+  assert_matches_ancestral(result, stub, 3, 0.8)
+  assert decoding.summarize(result)['mean_accepted_block_size'] > 1.4
+
+
+@pytest.mark.parametrize('paths', [None, TREE], ids=['chain', 'tree'])
+def test_samples_follow_the_model_at_batch_1(paths):
+  stub = SoftStub(k=3)
+  keys = jax.vmap(lambda n: jax.random.fold_in(jax.random.PRNGKey(2), n))(jnp.arange(SAMPLES))
+  result = _sample_batch1(keys, jnp.float32(0.8), stub=stub, max_len=3, paths=paths)
+  assert result.tokens_BxL.shape == (SAMPLES, 1, 3)
+  assert_matches_ancestral((result.tokens_BxL[:, 0], result.length_B[:, 0]), stub, 3, 0.8)
+
+
+# -- the same test catches planted errors ------------------------------------------------------------------
+
+@pytest.mark.parametrize('plant, paths', [
+    ('no_residual', None),     # a rejection resamples from p instead of norm(max(0, p - q))
+    ('no_bonus', None),        # the all-accepted case is taken for a rejection: no bonus token from p
+    ('q_temperature', None),   # drafts drawn at T, but min(1, p/q) and the residual use q at T = 1
+    ('no_residual', TREE),
+    ('stale_residual', TREE),  # every sibling tested against p, not against what the earlier rejections left
+])
+def test_planted_errors_fail_the_distribution_test(plant, paths):
+  stub = SoftStub(k=3)
+  with pytest.raises(AssertionError, match='chi-square'):
+    assert_matches_ancestral(_batch(stub, 3, 0.6, paths=paths, plant=plant), stub, 3, 0.6)
+
+
+# -- streams, errors ---------------------------------------------------------------------------------------
+
+def test_same_seed_same_samples_and_a_row_ignores_the_other_rows():
+  stub = SoftStub(k=3)
+  seeds = jnp.asarray([5, 9, 11, 5, 7, 3], jnp.uint32)
+  others = jnp.asarray([5, 9, 11, 8, 2, 4], jnp.uint32)  # rows 3..5 decode other sources, for other lengths
+  for paths in (None, TREE):
+    run = lambda key, seed_B, paths=paths: _sample(jax.random.PRNGKey(key), seed_B, jnp.float32(1.0), stub=stub,
+                                                   batch_size=len(seed_B), max_len=8, paths=paths)
+    a, again, other_key, other_rows = run(0, seeds), run(0, seeds), run(1, seeds), run(0, others)
+    for field in ('tokens_BxL', 'length_B', 'iterations_B', 'block_counts_BxK'):
+      np.testing.assert_array_equal(np.asarray(getattr(a, field)), np.asarray(getattr(again, field)))
+      # Rows 0..2 are the same samples whatever the other rows decode and however long they take.
+      np.testing.assert_array_equal(np.asarray(getattr(a, field))[:3], np.asarray(getattr(other_rows, field))[:3])
+    assert not np.array_equal(np.asarray(a.tokens_BxL), np.asarray(other_key.tokens_BxL))
+    assert not np.array_equal(np.asarray(a.tokens_BxL)[3:], np.asarray(other_rows.tokens_BxL)[3:])
+    # Rows 0 and 3 decode the same source but are different streams.
+    assert not np.array_equal(np.asarray(a.tokens_BxL)[0], np.asarray(a.tokens_BxL)[3])
+
+
+@pytest.mark.parametrize('criterion', ['top_k:2', 'distance:2', 'min_block:2', 'top_k:2+min_block:2',
+                                       decoding.parse_criterion('distance:1')])
+def test_approximate_criteria_are_a_user_error_before_anything_runs(criterion):
+  def never_called(*args):
+    raise AssertionError('score_fn called before the criterion was checked')
+
+  with pytest.raises(UserError, match='cannot be used with speculative sampling'):
+    speculative.speculative(never_called, never_called, {}, key=jax.random.PRNGKey(0), temperature=1.0,
+                            batch_size=2, k=3, max_len=4, bos_id=BOS, eos_id=EOS, criterion=criterion)
+
+
+def test_a_tree_needs_the_single_root():
+  with pytest.raises(UserError, match='single root'):
+    speculative.check_sampling_tree(((0,), (1,), (0, 0)), k=2)
+
+
+# -- the real model ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def real_model():
+  """A tiny untrained 3-head Transformer (random weights: outputs depend on the prefix and the heads disagree)."""
+  from bpd import model as model_lib  # pylint: disable=g-import-not-at-top
+  config = model_lib.model_config('tiny', vocab_size=24, k=3, dropout_rate=0.0, d_model=32)
+  return model_lib.Transformer(config), jax.jit(lambda rng: model_lib.init_params(config, rng))(jax.random.PRNGKey(0))
+
+
+def test_near_zero_temperature_is_greedy_on_the_real_model(real_model):
+  """At T = 1e-6 p and q are point masses at their argmax: a draft is accepted iff it is head 1's choice and a
+  rejection's residual is head 1's choice, so speculative sampling must give greedy's output, token for token,
+  through the model's cache, positions, tree mask and move_cache. At T = 1 it samples something else. (A tree:
+  the chain's path through the sampler is the stub tests'; its model calls are those of decoding.blockwise.)"""
+  model, params = real_model
+  paths = ((0,), (0, 0), (0, 1), (0, 0, 0))
+  decoder = decoder_lib.Decoder(model, max_len=10, eos_id=1)
+  src = np.random.RandomState(0).randint(3, 24, size=(4, 6)).astype(np.int32)
+  greedy_tokens, greedy_length = decoder.greedy(params, src)
+  cold = decoder.speculative(params, src, k=3, temperature=1e-6, seed=0, paths=paths)
+  np.testing.assert_array_equal(np.asarray(cold.tokens_BxL), np.asarray(greedy_tokens))
+  np.testing.assert_array_equal(np.asarray(cold.length_B), np.asarray(greedy_length))
+  warm = decoder.speculative(params, src, k=3, temperature=1.0, seed=0, paths=paths)
+  assert not np.array_equal(np.asarray(warm.tokens_BxL), np.asarray(greedy_tokens))
+  assert decoding.summarize(warm)['iterations'] < int(np.asarray(warm.length_B).sum())  # some blocks of 2+
