@@ -253,6 +253,16 @@ def _proposals(head1_B, hidden_Bx___, propose_fn, k):
   return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1)
 
 
+def _cut_block(block_BxD, k_hat_B, length_B, done_B, *, eos_id: int, max_len: int):
+  """The accepted length k̂ cut at the first EOS inside the accepted block block_BxD[:, :k̂] and at max_len; 0 in
+  finished rows. Every loop's rule (chain, tree, speculative sampling). Returns (k_hat_B int32, has_eos_B)."""
+  eos_in_block_BxD = (block_BxD == eos_id) & (jnp.arange(block_BxD.shape[1])[None, :] < k_hat_B[:, None])
+  has_eos_B = jnp.any(eos_in_block_BxD, axis=1)
+  k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxD, axis=1) + 1, k_hat_B)
+  k_hat_B = jnp.minimum(k_hat_B, max_len - length_B)
+  return jnp.where(done_B, 0, k_hat_B).astype(jnp.int32), has_eos_B
+
+
 def _end_with_next_token(tokens_BxL, length_B, done_B, next_B, *, eos_id: int, max_len: int):
   """Appends the scoring model's next token next_B (head 1's argmax after the accepted prefix) where it ends the
   row: it is EOS, or the max_len-th token. The next iteration would accept it unverified (ŷ_{j+1} always passes)
@@ -302,11 +312,7 @@ def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len:
     checks_BxKm1 = accept_mask(criterion, proposals_BxK[:, 1:], logits_BxKxV[:, :-1], best_BxK[:, :-1])
     k_hat_B = jnp.minimum(block_size(criterion, checks_BxKm1), k)
     # Stop at the first EOS inside the accepted block, and at max_len.
-    eos_in_block_BxK = (proposals_BxK == eos_id) & (jnp.arange(k)[None, :] < k_hat_B[:, None])
-    has_eos_B = jnp.any(eos_in_block_BxK, axis=1)
-    k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxK, axis=1) + 1, k_hat_B)
-    k_hat_B = jnp.minimum(k_hat_B, max_len - s.length_B)
-    k_hat_B = jnp.where(s.done_B, 0, k_hat_B).astype(jnp.int32)
+    k_hat_B, has_eos_B = _cut_block(proposals_BxK, k_hat_B, s.length_B, s.done_B, eos_id=eos_id, max_len=max_len)
     active_B = ~s.done_B
 
     # Accept: write all k proposals at j; the rejected tail is overwritten next time or masked at the end.
@@ -541,11 +547,7 @@ def tree_body(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, *, path
     path_BxD = jnp.asarray(path_NxD)[best_B]
     block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
     # Stop at the first EOS inside the accepted block, and at max_len (as the chain does).
-    eos_in_block_BxD = (block_BxD == eos_id) & (jnp.arange(depth)[None, :] < k_hat_B[:, None])
-    has_eos_B = jnp.any(eos_in_block_BxD, axis=1)
-    k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxD, axis=1) + 1, k_hat_B)
-    k_hat_B = jnp.minimum(k_hat_B, max_len - s.length_B)
-    k_hat_B = jnp.where(s.done_B, 0, k_hat_B).astype(jnp.int32)
+    k_hat_B, has_eos_B = _cut_block(block_BxD, k_hat_B, s.length_B, s.done_B, eos_id=eos_id, max_len=max_len)
     active_B = ~s.done_B
 
     # The accepted path's keys and values go to slots start .. start + D - 1 (past k̂: stale, masked later).

@@ -265,11 +265,8 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
     path_BxD = jnp.asarray(path_NxD)[cur_B]
     block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
     # Stop at the first EOS inside the accepted block, and at max_len (decoding.blockwise's rule).
-    eos_in_block_BxD = (block_BxD == eos_id) & (jnp.arange(depth)[None, :] < k_hat_B[:, None])
-    has_eos_B = jnp.any(eos_in_block_BxD, axis=1)
-    k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxD, axis=1) + 1, k_hat_B)
-    k_hat_B = jnp.minimum(k_hat_B, max_len - s.length_B)
-    k_hat_B = jnp.where(s.done_B, 0, k_hat_B).astype(jnp.int32)
+    cut = decoding._cut_block  # pylint: disable=protected-access
+    k_hat_B, has_eos_B = cut(block_BxD, k_hat_B, s.length_B, s.done_B, eos_id=eos_id, max_len=max_len)
     active_B = ~s.done_B
 
     if not is_chain:  # the accepted path's keys and values to slots start .. start + D - 1
