@@ -114,7 +114,7 @@ class SamplerState:
   heads_BxDm1xV: jax.Array      # float32 [B, D - 1, V]; logits of heads 2..D at position j (the drafts' q)
   done_B: jax.Array             # bool [B]
   iterations_B: jax.Array       # int32 [B]
-  block_counts_BxD: jax.Array   # int32 [B, D]; [b, n-1] = iterations of row b that accepted n tokens
+  block_counts_BxD: jax.Array   # int32 [B, D + 1]; [b, n-1] = iterations of row b that produced n tokens
   step: jax.Array               # int32 []
 
 
@@ -177,7 +177,7 @@ def _heads(propose_fn, hidden_Bx___, depth):
 
 
 def sampler_init(score_fn, propose_fn, state, *, key, temperature, batch_size: int, paths, max_len: int,
-                 bos_id: int) -> SamplerState:
+                 bos_id: int, eos_id: int) -> SamplerState:
   """The first model invocation (BOS at position 0: p and the heads there) and the loop's initial state."""
   B, layout, depth = batch_size, decoding.tree_layout(paths), decoding.tree_depth(paths)
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
@@ -186,15 +186,19 @@ def sampler_init(score_fn, propose_fn, state, *, key, temperature, batch_size: i
   heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else jnp.zeros((B, 0, V), jnp.float32)
   nodes_BxN = _next_nodes(_softmax(logits_Bx1xV[:, 0], temperature), _softmax(heads_BxDm1xV, temperature),
                           _block_keys(_row_streams(key, B), jnp.ones((B,), jnp.int32)), layout['depth_N'])
+  # A row whose first token (drawn from p at BOS) ends it is done with this call (decoding._end_with_next_token).
+  tokens_BxL, length_B, done_B, _ = decoding._end_with_next_token(  # pylint: disable=protected-access
+      jnp.zeros((B, max_len + depth), jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool),
+      nodes_BxN[:, 0], eos_id=eos_id, max_len=max_len)
   return SamplerState(
       model_state=state,
-      tokens_BxL=jnp.zeros((B, max_len + depth), jnp.int32),
-      length_B=jnp.zeros((B,), jnp.int32),
+      tokens_BxL=tokens_BxL,
+      length_B=length_B,
       nodes_BxN=nodes_BxN,
       heads_BxDm1xV=heads_BxDm1xV,
-      done_B=jnp.zeros((B,), bool),
+      done_B=done_B,
       iterations_B=jnp.zeros((B,), jnp.int32),
-      block_counts_BxD=jnp.zeros((B, depth), jnp.int32),
+      block_counts_BxD=jnp.zeros((B, depth + 1), jnp.int32),
       step=jnp.int32(0))
 
 
@@ -280,16 +284,22 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
     heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else s.heads_BxDm1xV
     nodes_BxN = _next_nodes(r_BxV, _softmax(heads_BxDm1xV, temperature), _block_keys(row_keys_B, length_B + 1),
                             depth_N)
+    # The free token is already a sample of the next token: where it ends the row (EOS, or the max_len-th token) it
+    # is appended now rather than by an iteration that would accept it alone (decoding._end_with_next_token).
+    tokens_BxL, length_B, done_B, ended_B = decoding._end_with_next_token(  # pylint: disable=protected-access
+        tokens_BxL, length_B, s.done_B | has_eos_B | (length_B >= max_len), nodes_BxN[:, 0], eos_id=eos_id,
+        max_len=max_len)
+    produced_B = k_hat_B + ended_B.astype(jnp.int32)
     return SamplerState(
         model_state=model_state,
         tokens_BxL=tokens_BxL,
         length_B=length_B,
         nodes_BxN=nodes_BxN,
         heads_BxDm1xV=heads_BxDm1xV,
-        done_B=s.done_B | has_eos_B | (length_B >= max_len),
+        done_B=done_B,
         iterations_B=s.iterations_B + active_B.astype(jnp.int32),
         block_counts_BxD=s.block_counts_BxD + (
-            active_B[:, None] & (jnp.arange(1, depth + 1)[None, :] == k_hat_B[:, None])).astype(jnp.int32),
+            active_B[:, None] & (jnp.arange(1, depth + 2)[None, :] == produced_B[:, None])).astype(jnp.int32),
         step=s.step + 1)
   return body
 
@@ -303,7 +313,7 @@ def speculative(score_fn, propose_fn, state: Any, *, key, temperature, batch_siz
   offers; paths: a tree topology with the single root (0,) (check_sampling_tree; default the chain
   decoding.chain_tree(k)), using its first D = tree_depth(paths) heads; move_fn: needed for a tree that is not a
   chain. One model invocation per iteration plus one at the start. The state needs a cache of at least
-  max_len + N + 1 slots (N = len(paths); k for the chain). Returns a decoding.BlockwiseResult (D columns of
+  max_len + N + 1 slots (N = len(paths); k for the chain). Returns a decoding.BlockwiseResult (D + 1 columns of
   block counts). `_plant` plants a known error, for the tests that must catch it (PLANTS).
   """
   check_criterion(criterion)
@@ -317,7 +327,7 @@ def speculative(score_fn, propose_fn, state: Any, *, key, temperature, batch_siz
     return (s.step < max_len) & ~jnp.all(s.done_B)
 
   first = sampler_init(score_fn, propose_fn, state, key=key, temperature=temperature, batch_size=batch_size,
-                       paths=paths, max_len=max_len, bos_id=bos_id)
+                       paths=paths, max_len=max_len, bos_id=bos_id, eos_id=eos_id)
   body = sampler_body(score_fn, propose_fn, move_fn, key=key, temperature=temperature, paths=paths,
                       max_len=max_len, eos_id=eos_id, plant=_plant)
   s = jax.lax.while_loop(cond, body, first)

@@ -113,8 +113,8 @@ def test_chain_samples_follow_the_model_at_batch_above_1(k, max_len, temperature
   assert_matches_ancestral(result, stub, max_len, temperature)
   # The rows were ragged and every branch of the rule ran: rejections (blocks of 1), partial blocks and full
   # blocks (the bonus token), EOS inside a block (outputs shorter than max_len).
-  counts = np.asarray(result.block_counts_BxK).sum(axis=0)
-  assert counts.shape == (k,) and (counts > SAMPLES // 50).all(), counts
+  counts = np.asarray(result.block_counts_BxK).sum(axis=0)  # sizes 1..k+1: a row's last token comes with its call
+  assert counts.shape == (k + 1,) and (counts[:k] > SAMPLES // 50).all(), counts
   assert 0.1 < np.mean(np.asarray(result.length_B) < max_len) < 0.9
   np.testing.assert_array_equal(np.asarray(result.block_counts_BxK).sum(axis=1), np.asarray(result.iterations_B))
 
