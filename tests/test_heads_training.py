@@ -145,12 +145,13 @@ def _train_ids(config, workdir):
 
 
 def test_training_logs_agreement_with_greedy_and_the_exact_block_size(heads_run):
-  """Head 1 agrees with greedy (it is greedy, up to float rounding near ties); the block size is within [1, k]."""
+  """Head 1 agrees with greedy (it is greedy, up to float rounding near ties); the block size is within [1, k + 1]
+  (k = 3: a row's last token comes with the iteration whose call computed it, bpd/decoding.py)."""
   _, _, _, eval_metrics = heads_run
   assert eval_metrics['agreement_head1'] >= 0.9
   for i in (2, 3):
     assert 0.0 <= eval_metrics[f'agreement_head{i}'] <= 1.0
-  assert 1.0 <= eval_metrics['exact_block_size'] <= 3.0
+  assert 1.0 <= eval_metrics['exact_block_size'] <= 4.0
 
 
 def test_agreement_with_greedy_equals_a_reference_count(heads_run):

@@ -115,7 +115,7 @@ def test_decode_sweep_writes_results_tables_hypotheses_and_plots(trained):
     assert r['invocations'] == r['iterations'] + (12 if r['criterion'] != 'greedy' else 0)
     if r['criterion'] in ('exact', 'greedy'):
       assert r['identical_to_greedy'] == 1.0 and r['quality'] == records[0]['quality']
-    assert 1.0 <= r['mean_accepted_block_size'] <= r['k']
+    assert 1.0 <= r['mean_accepted_block_size'] <= r['k'] + 1  # a row's last token may come with its last iteration
   for name in ('results.md', 'test.b8.png', 'test.greedy.b8.txt', 'test.k3.top_k2.b8.txt'):
     assert os.path.exists(os.path.join(out, name)), name
   lines = open(os.path.join(out, 'test.k2.exact.b8.txt'), encoding='utf-8').read().split('\n')
