@@ -171,7 +171,7 @@ def block_size(criterion: Criterion, checks_BxN: jax.Array) -> jax.Array:
 
 # -- greedy ------------------------------------------------------------------------------------------------
 
-def _take_rows(tree, index_B):
+def take_rows(tree, index_B):
   """Row b of every leaf at index_B[b] along axis 1: [B, T, ...] -> [B, ...]."""
   return jax.tree.map(lambda x: x[jnp.arange(x.shape[0]), index_B], tree)
 
@@ -223,15 +223,22 @@ def greedy(score_fn: ScoreFn, state: Any, *, batch_size: int, max_len: int, bos_
 # -- blockwise parallel decoding (paper §3-§4) -------------------------------------------------------------
 
 @flax.struct.dataclass
+class Rows:
+  """What every blockwise loop (chain, tree, speculative sampling) keeps per row: the output and its statistics.
+  j = length_B[b] tokens accepted so far in row b; D = the most tokens an iteration accepts (k for the chain)."""
+  tokens_BxL: jax.Array        # int32 [B, max_len + D]; indices >= length_B[b] hold stale proposals
+  length_B: jax.Array          # int32 [B]; tokens accepted (EOS included)
+  done_B: jax.Array            # bool [B]; EOS accepted or max_len reached
+  iterations_B: jax.Array      # int32 [B]; iterations in which row b was still decoding
+  block_counts_BxD: jax.Array  # int32 [B, D + 1]; [b, n-1] = iterations of row b that produced n tokens
+
+
+@flax.struct.dataclass
 class DecodeState:
-  """The carry of the blockwise loop. j = length_B[b] tokens accepted so far in row b."""
+  """The carry of the blockwise loop."""
   model_state: Any            # opaque decoder state (KV cache, encoder keys/values); leaves [B, ...]
-  tokens_BxL: jax.Array       # int32 [B, max_len + k]; indices >= length_B[b] hold stale proposals
-  length_B: jax.Array         # int32 [B]; tokens accepted (EOS included)
+  rows: Rows                  # D = k
   proposals_BxK: jax.Array    # int32 [B, k]; ŷ_{j+1} .. ŷ_{j+k} for the next iteration
-  done_B: jax.Array           # bool [B]; EOS accepted or max_len reached
-  iterations_B: jax.Array     # int32 [B]; iterations in which row b was still decoding
-  block_counts_BxK: jax.Array  # int32 [B, k + 1]; [b, n-1] = iterations of row b that produced n tokens
   step: jax.Array             # int32 []; loop iterations (= model invocations - 1)
 
 
@@ -244,6 +251,73 @@ class BlockwiseResult:
   invocations: jax.Array       # int32 []; model calls for the whole batch (loop iterations + 1)
 
 
+def end_with_next_token(rows: Rows, next_B, *, eos_id: int, max_len: int) -> tuple[Rows, jax.Array]:
+  """Appends the scoring model's next token next_B (head 1's choice after the accepted prefix) where it ends the
+  row: it is EOS, or the max_len-th token. The next iteration would accept it unverified (ŷ_{j+1} always passes)
+  and nothing else, a model call for nothing. Returns (rows, ended_B).
+
+  Writing next_B at length_B in the other rows too is harmless: the next iteration writes its proposals from there,
+  the first of which is next_B; finished rows are masked past their length at the end.
+  """
+  ended_B = ~rows.done_B & ((next_B == eos_id) | (rows.length_B + 1 >= max_len))
+  tokens_BxL = rows.tokens_BxL.at[jnp.arange(next_B.shape[0]), rows.length_B].set(next_B)
+  return rows.replace(tokens_BxL=tokens_BxL, length_B=rows.length_B + ended_B.astype(jnp.int32),
+                      done_B=rows.done_B | ended_B), ended_B
+
+
+def start_rows(first_B, *, depth: int, max_len: int, eos_id: int) -> Rows:
+  """The rows after the first model call, which only proposes: empty, except that a row whose first token first_B
+  ends it (EOS, or max_len = 1) is done with this call."""
+  B = first_B.shape[0]
+  rows = Rows(tokens_BxL=jnp.zeros((B, max_len + depth), jnp.int32), length_B=jnp.zeros((B,), jnp.int32),
+              done_B=jnp.zeros((B,), bool), iterations_B=jnp.zeros((B,), jnp.int32),
+              block_counts_BxD=jnp.zeros((B, depth + 1), jnp.int32))
+  return end_with_next_token(rows, first_B, eos_id=eos_id, max_len=max_len)[0]
+
+
+def accept_block(rows: Rows, block_BxD, k_hat_B, *, eos_id: int, max_len: int) -> tuple[Rows, jax.Array]:
+  """Accepts block_BxD[b, :k̂] in every row, the one rule of every loop: k̂ is cut at the first EOS inside the
+  accepted block and at max_len, and is 0 in finished rows. The whole block is written at j (the rejected tail is
+  overwritten next time or masked at the end). Returns (rows, the cut k_hat_B int32 [B])."""
+  eos_in_block_BxD = (block_BxD == eos_id) & (jnp.arange(block_BxD.shape[1])[None, :] < k_hat_B[:, None])
+  has_eos_B = jnp.any(eos_in_block_BxD, axis=1)
+  k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxD, axis=1) + 1, k_hat_B)
+  k_hat_B = jnp.where(rows.done_B, 0, jnp.minimum(k_hat_B, max_len - rows.length_B)).astype(jnp.int32)
+  tokens_BxL = jax.vmap(lambda row, new, j: jax.lax.dynamic_update_slice(row, new, (j,)))(
+      rows.tokens_BxL, block_BxD, jnp.minimum(rows.length_B, max_len))
+  length_B = rows.length_B + k_hat_B
+  return rows.replace(tokens_BxL=tokens_BxL, length_B=length_B,
+                      done_B=rows.done_B | has_eos_B | (length_B >= max_len)), k_hat_B
+
+
+def close_iteration(before: Rows, rows: Rows, k_hat_B, next_B, *, eos_id: int, max_len: int) -> Rows:
+  """Ends an iteration that started from `before` and accepted k_hat_B (`accept_block`): appends next_B where it
+  ends the row (`end_with_next_token`) and counts the iteration and its produced tokens in the rows that were
+  still decoding."""
+  rows, ended_B = end_with_next_token(rows, next_B, eos_id=eos_id, max_len=max_len)
+  active_B = ~before.done_B
+  produced_B = k_hat_B + ended_B.astype(jnp.int32)
+  depth = rows.block_counts_BxD.shape[1] - 1
+  return rows.replace(
+      iterations_B=rows.iterations_B + active_B.astype(jnp.int32),
+      block_counts_BxD=rows.block_counts_BxD + (
+          active_B[:, None] & (jnp.arange(1, depth + 2)[None, :] == produced_B[:, None])).astype(jnp.int32))
+
+
+def run_loop(first, body, *, max_len: int) -> BlockwiseResult:
+  """Runs body (state -> state; every loop's state has .rows and .step) from `first` until every row is done."""
+  def cond(s):
+    return (s.step < max_len) & ~jnp.all(s.rows.done_B)
+
+  s = jax.lax.while_loop(cond, body, first)
+  return BlockwiseResult(
+      tokens_BxL=_mask_after(s.rows.tokens_BxL[:, :max_len], s.rows.length_B),
+      length_B=s.rows.length_B,
+      iterations_B=s.rows.iterations_B,
+      block_counts_BxK=s.rows.block_counts_BxD,
+      invocations=s.step + 1)
+
+
 def _proposals(head1_B, hidden_Bx___, propose_fn, k):
   """ŷ_{j+1} = head1_B (head 1's argmax), ŷ_{j+2..j+k} from heads 2..k, all at the last accepted position. [B, k]."""
   head1_Bx1 = head1_B[:, None].astype(jnp.int32)
@@ -253,49 +327,15 @@ def _proposals(head1_B, hidden_Bx___, propose_fn, k):
   return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1)
 
 
-def _cut_block(block_BxD, k_hat_B, length_B, done_B, *, eos_id: int, max_len: int):
-  """The accepted length k̂ cut at the first EOS inside the accepted block block_BxD[:, :k̂] and at max_len; 0 in
-  finished rows. Every loop's rule (chain, tree, speculative sampling). Returns (k_hat_B int32, has_eos_B)."""
-  eos_in_block_BxD = (block_BxD == eos_id) & (jnp.arange(block_BxD.shape[1])[None, :] < k_hat_B[:, None])
-  has_eos_B = jnp.any(eos_in_block_BxD, axis=1)
-  k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxD, axis=1) + 1, k_hat_B)
-  k_hat_B = jnp.minimum(k_hat_B, max_len - length_B)
-  return jnp.where(done_B, 0, k_hat_B).astype(jnp.int32), has_eos_B
-
-
-def _end_with_next_token(tokens_BxL, length_B, done_B, next_B, *, eos_id: int, max_len: int):
-  """Appends the scoring model's next token next_B (head 1's argmax after the accepted prefix) where it ends the
-  row: it is EOS, or the max_len-th token. The next iteration would accept it unverified (ŷ_{j+1} always passes)
-  and nothing else, a model call for nothing. Returns (tokens_BxL, length_B, done_B, ended_B).
-
-  Writing next_B at length_B in the other rows too is harmless: the next iteration writes its proposals from there,
-  the first of which is next_B; finished rows are masked past their length at the end.
-  """
-  ended_B = ~done_B & ((next_B == eos_id) | (length_B + 1 >= max_len))
-  tokens_BxL = tokens_BxL.at[jnp.arange(length_B.shape[0]), length_B].set(next_B)
-  return tokens_BxL, length_B + ended_B.astype(jnp.int32), done_B | ended_B, ended_B
-
-
 def blockwise_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
                    bos_id: int, eos_id: int) -> DecodeState:
   """The first model invocation (it only proposes ŷ_1..ŷ_k from BOS) and the loop's initial DecodeState."""
   B = batch_size
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
-  proposals_BxK = _proposals(argmax(logits_Bx1xV[:, 0]), _take_rows(hidden, jnp.zeros((B,), jnp.int32)),
+  proposals_BxK = _proposals(argmax(logits_Bx1xV[:, 0]), take_rows(hidden, jnp.zeros((B,), jnp.int32)),
                              propose_fn, k)
-  # A row whose first token is EOS (or max_len = 1) is done with this call.
-  tokens_BxL, length_B, done_B, _ = _end_with_next_token(
-      jnp.zeros((B, max_len + k), jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool),
-      proposals_BxK[:, 0], eos_id=eos_id, max_len=max_len)
-  return DecodeState(
-      model_state=state,
-      tokens_BxL=tokens_BxL,
-      length_B=length_B,
-      proposals_BxK=proposals_BxK,
-      done_B=done_B,
-      iterations_B=jnp.zeros((B,), jnp.int32),
-      block_counts_BxK=jnp.zeros((B, k + 1), jnp.int32),
-      step=jnp.int32(0))
+  return DecodeState(model_state=state, rows=start_rows(proposals_BxK[:, 0], depth=k, max_len=max_len, eos_id=eos_id),
+                     proposals_BxK=proposals_BxK, step=jnp.int32(0))
 
 
 def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len: int, eos_id: int,
@@ -303,38 +343,20 @@ def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len:
   """One blockwise iteration (verify k, accept k̂, propose the next k), the body of `blockwise`'s while_loop:
   DecodeState -> DecodeState. Public so that a benchmark can compile and cost-analyse exactly one iteration."""
   def body(s: DecodeState):
-    B = s.length_B.shape[0]
+    B = s.rows.length_B.shape[0]
     proposals_BxK = s.proposals_BxK
     # Verify: position j+i carries ŷ_{j+i}; its head-1 output scores ŷ_{j+i+1}.
-    logits_BxKxV, hidden, model_state = score_fn(s.model_state, proposals_BxK, s.length_B + 1)
+    logits_BxKxV, hidden, model_state = score_fn(s.model_state, proposals_BxK, s.rows.length_B + 1)
     # One argmax over all k positions: the first k - 1 check proposals 2..k, the last accepted one is ŷ_{j+k̂+1}.
     best_BxK = argmax(logits_BxKxV)
     checks_BxKm1 = accept_mask(criterion, proposals_BxK[:, 1:], logits_BxKxV[:, :-1], best_BxK[:, :-1])
     k_hat_B = jnp.minimum(block_size(criterion, checks_BxKm1), k)
-    # Stop at the first EOS inside the accepted block, and at max_len.
-    k_hat_B, has_eos_B = _cut_block(proposals_BxK, k_hat_B, s.length_B, s.done_B, eos_id=eos_id, max_len=max_len)
-    active_B = ~s.done_B
-
-    # Accept: write all k proposals at j; the rejected tail is overwritten next time or masked at the end.
-    tokens_BxL = jax.vmap(lambda row, new, j: jax.lax.dynamic_update_slice(row, new, (j,)))(
-        s.tokens_BxL, proposals_BxK, jnp.minimum(s.length_B, max_len))
-    length_B = s.length_B + k_hat_B
+    # Accept: cut at the first EOS inside the block and at max_len; write all k proposals at j.
+    rows, k_hat_B = accept_block(s.rows, proposals_BxK, k_hat_B, eos_id=eos_id, max_len=max_len)
     last_B = jnp.maximum(k_hat_B - 1, 0)  # index in this block of the last accepted position, j + k̂
-    next_BxK = _proposals(best_BxK[jnp.arange(B), last_B], _take_rows(hidden, last_B), propose_fn, k)
-    tokens_BxL, length_B, done_B, ended_B = _end_with_next_token(
-        tokens_BxL, length_B, s.done_B | has_eos_B | (length_B >= max_len), next_BxK[:, 0], eos_id=eos_id,
-        max_len=max_len)
-    produced_B = k_hat_B + ended_B.astype(jnp.int32)
-    return DecodeState(
-        model_state=model_state,
-        tokens_BxL=tokens_BxL,
-        length_B=length_B,
-        proposals_BxK=next_BxK,
-        done_B=done_B,
-        iterations_B=s.iterations_B + active_B.astype(jnp.int32),
-        block_counts_BxK=s.block_counts_BxK + (
-            active_B[:, None] & (jnp.arange(1, k + 2)[None, :] == produced_B[:, None])).astype(jnp.int32),
-        step=s.step + 1)
+    next_BxK = _proposals(best_BxK[jnp.arange(B), last_B], take_rows(hidden, last_B), propose_fn, k)
+    rows = close_iteration(s.rows, rows, k_hat_B, next_BxK[:, 0], eos_id=eos_id, max_len=max_len)
+    return DecodeState(model_state=model_state, rows=rows, proposals_BxK=next_BxK, step=s.step + 1)
   return body
 
 
@@ -350,19 +372,10 @@ def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_siz
   if criterion.min_block > k:
     raise UserError(f'min_block={criterion.min_block} is larger than k={k}: lower min_block or raise k.')
 
-  def cond(s: DecodeState):
-    return (s.step < max_len) & ~jnp.all(s.done_B)
-
   first = blockwise_init(score_fn, propose_fn, state, batch_size=batch_size, k=k, max_len=max_len, bos_id=bos_id,
                          eos_id=eos_id)
   body = blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=eos_id, criterion=criterion)
-  s = jax.lax.while_loop(cond, body, first)
-  return BlockwiseResult(
-      tokens_BxL=_mask_after(s.tokens_BxL[:, :max_len], s.length_B),
-      length_B=s.length_B,
-      iterations_B=s.iterations_B,
-      block_counts_BxK=s.block_counts_BxK,
-      invocations=s.step + 1)
+  return run_loop(first, body, max_len=max_len)
 
 
 # -- tree-structured candidates (beyond the paper: Medusa, Cai et al. 2024; DESIGN §3) ---------------------
@@ -457,15 +470,11 @@ def tree_layout(paths: TreePaths) -> dict:
 
 @flax.struct.dataclass
 class TreeState:
-  """The carry of the tree loop. j = length_B[b] tokens accepted so far in row b; N nodes, D = tree depth."""
+  """The carry of the tree loop. N nodes, D = tree depth."""
   model_state: Any            # opaque decoder state; leaves [B, ...]
-  tokens_BxL: jax.Array       # int32 [B, max_len + D]; indices >= length_B[b] hold stale proposals
-  length_B: jax.Array         # int32 [B]
+  rows: Rows                  # D = tree depth
   nodes_BxN: jax.Array        # int32 [B, N]; the token at every node of the next tree
   root_ok_BxN: jax.Array      # bool [B, N]; depth-0 nodes: passed the check against head 1 at j; others True
-  done_B: jax.Array           # bool [B]
-  iterations_B: jax.Array     # int32 [B]
-  block_counts_BxD: jax.Array  # int32 [B, D + 1]; [b, n-1] = iterations of row b that produced n tokens
   step: jax.Array             # int32 []
 
 
@@ -498,22 +507,10 @@ def tree_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_siz
   B, layout = batch_size, tree_layout(paths)
   depth = tree_depth(paths)
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
-  nodes_BxN, root_ok_BxN = _tree_nodes(logits_Bx1xV[:, 0], _take_rows(hidden, jnp.zeros((B,), jnp.int32)),
+  nodes_BxN, root_ok_BxN = _tree_nodes(logits_Bx1xV[:, 0], take_rows(hidden, jnp.zeros((B,), jnp.int32)),
                                        propose_fn, layout, criterion)
-  # A row whose first token is EOS (or max_len = 1) is done with this call (_end_with_next_token).
-  tokens_BxL, length_B, done_B, _ = _end_with_next_token(
-      jnp.zeros((B, max_len + depth), jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool),
-      argmax(logits_Bx1xV[:, 0]), eos_id=eos_id, max_len=max_len)
-  return TreeState(
-      model_state=state,
-      tokens_BxL=tokens_BxL,
-      length_B=length_B,
-      nodes_BxN=nodes_BxN,
-      root_ok_BxN=root_ok_BxN,
-      done_B=done_B,
-      iterations_B=jnp.zeros((B,), jnp.int32),
-      block_counts_BxD=jnp.zeros((B, depth + 1), jnp.int32),
-      step=jnp.int32(0))
+  rows = start_rows(argmax(logits_Bx1xV[:, 0]), depth=depth, max_len=max_len, eos_id=eos_id)
+  return TreeState(model_state=state, rows=rows, nodes_BxN=nodes_BxN, root_ok_BxN=root_ok_BxN, step=jnp.int32(0))
 
 
 def tree_body(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, *, paths: TreePaths, max_len: int,
@@ -526,8 +523,8 @@ def tree_body(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, *, path
   inner = np.nonzero(parent_N >= 0)[0]  # nodes checked in this call (depth-0 nodes were checked at proposal)
 
   def body(s: TreeState):
-    B = s.length_B.shape[0]
-    start_B = s.length_B + 1
+    B = s.rows.length_B.shape[0]
+    start_B = s.rows.length_B + 1
     # Verify: node n in slot start + n at position start + depth(n), seeing the prefix and its ancestors.
     logits_BxNxV, hidden, model_state = score_fn(s.model_state, s.nodes_BxN, start_B,
                                                  (depth_N, layout['ancestor_NxN']))
@@ -547,32 +544,15 @@ def tree_body(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, *, path
     path_BxD = jnp.asarray(path_NxD)[best_B]
     block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
     # Stop at the first EOS inside the accepted block, and at max_len (as the chain does).
-    k_hat_B, has_eos_B = _cut_block(block_BxD, k_hat_B, s.length_B, s.done_B, eos_id=eos_id, max_len=max_len)
-    active_B = ~s.done_B
-
+    rows, k_hat_B = accept_block(s.rows, block_BxD, k_hat_B, eos_id=eos_id, max_len=max_len)
     # The accepted path's keys and values go to slots start .. start + D - 1 (past k̂: stale, masked later).
     model_state = move_fn(model_state, start_B, path_BxD)
-    tokens_BxL = jax.vmap(lambda row, new, j: jax.lax.dynamic_update_slice(row, new, (j,)))(
-        s.tokens_BxL, block_BxD, jnp.minimum(s.length_B, max_len))
-    length_B = s.length_B + k_hat_B
     last_B = jnp.take_along_axis(path_BxD, jnp.maximum(k_hat_B - 1, 0)[:, None], axis=1)[:, 0]  # node of j + k̂
     logits_BxV = logits_BxNxV[jnp.arange(B), last_B]
-    nodes_BxN, root_ok_BxN = _tree_nodes(logits_BxV, _take_rows(hidden, last_B), propose_fn, layout, criterion)
-    tokens_BxL, length_B, done_B, ended_B = _end_with_next_token(
-        tokens_BxL, length_B, s.done_B | has_eos_B | (length_B >= max_len), argmax(logits_BxV), eos_id=eos_id,
-        max_len=max_len)
-    produced_B = k_hat_B + ended_B.astype(jnp.int32)
-    return TreeState(
-        model_state=model_state,
-        tokens_BxL=tokens_BxL,
-        length_B=length_B,
-        nodes_BxN=nodes_BxN,
-        root_ok_BxN=root_ok_BxN,
-        done_B=done_B,
-        iterations_B=s.iterations_B + active_B.astype(jnp.int32),
-        block_counts_BxD=s.block_counts_BxD + (
-            active_B[:, None] & (jnp.arange(1, depth + 2)[None, :] == produced_B[:, None])).astype(jnp.int32),
-        step=s.step + 1)
+    nodes_BxN, root_ok_BxN = _tree_nodes(logits_BxV, take_rows(hidden, last_B), propose_fn, layout, criterion)
+    rows = close_iteration(s.rows, rows, k_hat_B, argmax(logits_BxV), eos_id=eos_id, max_len=max_len)
+    return TreeState(model_state=model_state, rows=rows, nodes_BxN=nodes_BxN, root_ok_BxN=root_ok_BxN,
+                     step=s.step + 1)
   return body
 
 
@@ -593,19 +573,10 @@ def tree(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, state: Any, 
     raise UserError(f'min_block={criterion.min_block} forces the path {(0,) * criterion.min_block} of rank-0 '
                     f'choices (the chain\'s first proposals), which the tree {paths} lacks: add it or lower min_block.')
 
-  def cond(s: TreeState):
-    return (s.step < max_len) & ~jnp.all(s.done_B)
-
   first = tree_init(score_fn, propose_fn, state, batch_size=batch_size, paths=paths, max_len=max_len, bos_id=bos_id,
                     eos_id=eos_id, criterion=criterion)
   body = tree_body(score_fn, propose_fn, move_fn, paths=paths, max_len=max_len, eos_id=eos_id, criterion=criterion)
-  s = jax.lax.while_loop(cond, body, first)
-  return BlockwiseResult(
-      tokens_BxL=_mask_after(s.tokens_BxL[:, :max_len], s.length_B),
-      length_B=s.length_B,
-      iterations_B=s.iterations_B,
-      block_counts_BxK=s.block_counts_BxD,
-      invocations=s.step + 1)
+  return run_loop(first, body, max_len=max_len)
 
 
 def summarize(result: BlockwiseResult) -> dict:

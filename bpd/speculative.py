@@ -106,15 +106,11 @@ def check_sampling_tree(paths, k: int) -> decoding.TreePaths:
 
 @flax.struct.dataclass
 class SamplerState:
-  """The carry of the speculative loop. j = length_B[b] tokens accepted in row b; N nodes, D = tree depth."""
+  """The carry of the speculative loop. N nodes, D = tree depth."""
   model_state: Any              # opaque decoder state; leaves [B, ...]
-  tokens_BxL: jax.Array         # int32 [B, max_len + D]; indices >= length_B[b] hold stale tokens
-  length_B: jax.Array           # int32 [B]
+  rows: decoding.Rows           # D = tree depth
   nodes_BxN: jax.Array          # int32 [B, N]; node 0: the free token y_{j+1}; node n >= 1: a draft
   heads_BxDm1xV: jax.Array      # float32 [B, D - 1, V]; logits of heads 2..D at position j (the drafts' q)
-  done_B: jax.Array             # bool [B]
-  iterations_B: jax.Array       # int32 [B]
-  block_counts_BxD: jax.Array   # int32 [B, D + 1]; [b, n-1] = iterations of row b that produced n tokens
   step: jax.Array               # int32 []
 
 
@@ -182,24 +178,14 @@ def sampler_init(score_fn, propose_fn, state, *, key, temperature, batch_size: i
   B, layout, depth = batch_size, decoding.tree_layout(paths), decoding.tree_depth(paths)
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
   V = logits_Bx1xV.shape[-1]
-  hidden_Bx___ = decoding._take_rows(hidden, jnp.zeros((B,), jnp.int32))  # pylint: disable=protected-access
+  hidden_Bx___ = decoding.take_rows(hidden, jnp.zeros((B,), jnp.int32))
   heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else jnp.zeros((B, 0, V), jnp.float32)
   nodes_BxN = _next_nodes(_softmax(logits_Bx1xV[:, 0], temperature), _softmax(heads_BxDm1xV, temperature),
                           _block_keys(_row_streams(key, B), jnp.ones((B,), jnp.int32)), layout['depth_N'])
-  # A row whose first token (drawn from p at BOS) ends it is done with this call (decoding._end_with_next_token).
-  tokens_BxL, length_B, done_B, _ = decoding._end_with_next_token(  # pylint: disable=protected-access
-      jnp.zeros((B, max_len + depth), jnp.int32), jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool),
-      nodes_BxN[:, 0], eos_id=eos_id, max_len=max_len)
-  return SamplerState(
-      model_state=state,
-      tokens_BxL=tokens_BxL,
-      length_B=length_B,
-      nodes_BxN=nodes_BxN,
-      heads_BxDm1xV=heads_BxDm1xV,
-      done_B=done_B,
-      iterations_B=jnp.zeros((B,), jnp.int32),
-      block_counts_BxD=jnp.zeros((B, depth + 1), jnp.int32),
-      step=jnp.int32(0))
+  # A row whose first token (drawn from p at BOS) ends it is done with this call.
+  rows = decoding.start_rows(nodes_BxN[:, 0], depth=depth, max_len=max_len, eos_id=eos_id)
+  return SamplerState(model_state=state, rows=rows, nodes_BxN=nodes_BxN, heads_BxDm1xV=heads_BxDm1xV,
+                      step=jnp.int32(0))
 
 
 def _walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, layout, plant):
@@ -257,9 +243,9 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
   q_temperature = 1.0 if plant == 'q_temperature' else temperature  # planted: q at the wrong temperature
 
   def body(s: SamplerState):
-    B = s.length_B.shape[0]
+    B = s.rows.length_B.shape[0]
     row_keys_B = _row_streams(key, B)
-    start_B = s.length_B + 1  # the free token's position, j + 1
+    start_B = s.rows.length_B + 1  # the free token's position, j + 1
     tree_arg = () if is_chain else ((depth_N, layout['ancestor_NxN']),)
     logits_BxNxV, hidden, model_state = score_fn(s.model_state, s.nodes_BxN, start_B, *tree_arg)
     coins_BxN = _uniforms(_block_keys(row_keys_B, start_B), len(paths))[:, 1]
@@ -269,38 +255,20 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
     path_BxD = jnp.asarray(path_NxD)[cur_B]
     block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
     # Stop at the first EOS inside the accepted block, and at max_len (decoding.blockwise's rule).
-    cut = decoding._cut_block  # pylint: disable=protected-access
-    k_hat_B, has_eos_B = cut(block_BxD, k_hat_B, s.length_B, s.done_B, eos_id=eos_id, max_len=max_len)
-    active_B = ~s.done_B
-
+    rows, k_hat_B = decoding.accept_block(s.rows, block_BxD, k_hat_B, eos_id=eos_id, max_len=max_len)
     if not is_chain:  # the accepted path's keys and values to slots start .. start + D - 1
       model_state = move_fn(model_state, start_B, path_BxD)
-    tokens_BxL = jax.vmap(lambda row, new, j: jax.lax.dynamic_update_slice(row, new, (j,)))(
-        s.tokens_BxL, block_BxD, jnp.minimum(s.length_B, max_len))
-    length_B = s.length_B + k_hat_B
     # Combined scoring and proposal (paper §4): heads 2..D at the last accepted node draft the next tree; the free
     # token comes from r (the residual of the first rejection, or p at a leaf: the bonus token).
-    hidden_Bx___ = decoding._take_rows(hidden, cur_B)  # pylint: disable=protected-access
+    hidden_Bx___ = decoding.take_rows(hidden, cur_B)
     heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else s.heads_BxDm1xV
-    nodes_BxN = _next_nodes(r_BxV, _softmax(heads_BxDm1xV, temperature), _block_keys(row_keys_B, length_B + 1),
+    nodes_BxN = _next_nodes(r_BxV, _softmax(heads_BxDm1xV, temperature), _block_keys(row_keys_B, rows.length_B + 1),
                             depth_N)
     # The free token is already a sample of the next token: where it ends the row (EOS, or the max_len-th token) it
-    # is appended now rather than by an iteration that would accept it alone (decoding._end_with_next_token).
-    tokens_BxL, length_B, done_B, ended_B = decoding._end_with_next_token(  # pylint: disable=protected-access
-        tokens_BxL, length_B, s.done_B | has_eos_B | (length_B >= max_len), nodes_BxN[:, 0], eos_id=eos_id,
-        max_len=max_len)
-    produced_B = k_hat_B + ended_B.astype(jnp.int32)
-    return SamplerState(
-        model_state=model_state,
-        tokens_BxL=tokens_BxL,
-        length_B=length_B,
-        nodes_BxN=nodes_BxN,
-        heads_BxDm1xV=heads_BxDm1xV,
-        done_B=done_B,
-        iterations_B=s.iterations_B + active_B.astype(jnp.int32),
-        block_counts_BxD=s.block_counts_BxD + (
-            active_B[:, None] & (jnp.arange(1, depth + 2)[None, :] == produced_B[:, None])).astype(jnp.int32),
-        step=s.step + 1)
+    # is appended now rather than by an iteration that would accept it alone (decoding.end_with_next_token).
+    rows = decoding.close_iteration(s.rows, rows, k_hat_B, nodes_BxN[:, 0], eos_id=eos_id, max_len=max_len)
+    return SamplerState(model_state=model_state, rows=rows, nodes_BxN=nodes_BxN, heads_BxDm1xV=heads_BxDm1xV,
+                        step=s.step + 1)
   return body
 
 
@@ -323,17 +291,8 @@ def speculative(score_fn, propose_fn, state: Any, *, key, temperature, batch_siz
   if len(paths) != decoding.tree_depth(paths) and move_fn is None:
     raise ValueError('a tree that is not a chain needs move_fn (bpd/decoding.py)')
 
-  def cond(s: SamplerState):
-    return (s.step < max_len) & ~jnp.all(s.done_B)
-
   first = sampler_init(score_fn, propose_fn, state, key=key, temperature=temperature, batch_size=batch_size,
                        paths=paths, max_len=max_len, bos_id=bos_id, eos_id=eos_id)
   body = sampler_body(score_fn, propose_fn, move_fn, key=key, temperature=temperature, paths=paths,
                       max_len=max_len, eos_id=eos_id, plant=_plant)
-  s = jax.lax.while_loop(cond, body, first)
-  return decoding.BlockwiseResult(
-      tokens_BxL=decoding._mask_after(s.tokens_BxL[:, :max_len], s.length_B),  # pylint: disable=protected-access
-      length_B=s.length_B,
-      iterations_B=s.iterations_B,
-      block_counts_BxK=s.block_counts_BxD,
-      invocations=s.step + 1)
+  return decoding.run_loop(first, body, max_len=max_len)
