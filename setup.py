@@ -24,7 +24,7 @@ setuptools.setup(
         "tensorboardX>=2.6",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6.80", "chex>=0.1.86"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "chex>=0.1.86"],
         # bench_decode --tpu and experiments/preflight.py: the TPU compiler (libtpu, ~700 MB, the version matching
         # jax) to compile for a TPU topology and read XLA's cost and memory analyses without a TPU. Optional: nothing
         # else needs it.

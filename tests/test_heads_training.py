@@ -165,15 +165,24 @@ def test_agreement_with_greedy_equals_a_reference_count(heads_run):
   greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, 8)[0]
   got = train.agreement_with_greedy(train.make_eval_step(model, label_smoothing=0.0, mesh=decoder.mesh), params,
                                     src_ids, greedy_ids, 8, decoder.mesh)
-  correct, total = np.zeros(3), np.zeros(3)
-  for src, out in zip(src_ids, greedy_ids):
+  # Teacher-force every greedy output in one call: each right-padded to the same length (causal attention, so the
+  # padding after a row's tokens does not change its outputs), one compile instead of one per output length.
+  rows = []
+  for out in greedy_ids:
     out = np.asarray(out)
-    tokens = out[:int(np.argmax(out == 1)) + 1] if np.any(out == 1) else out[out > 0]  # EOS id 1, then padding
-    tgt_in = np.concatenate([[2], tokens[:-1]])[None]  # BOS id 2
-    best_TxK = np.asarray(jnp.argmax(model.apply({'params': params}, np.asarray(src)[None], tgt_in), -1))[0]
+    rows.append(out[:int(np.argmax(out == 1)) + 1] if np.any(out == 1) else out[out > 0])  # EOS id 1, then padding
+  tgt_in_NxT = np.zeros((len(rows), max(len(r) for r in rows)), np.int32)
+  for n, tokens in enumerate(rows):
+    tgt_in_NxT[n, :len(tokens)] = np.concatenate([[2], tokens[:-1]])  # BOS id 2
+  src_NxS = np.zeros((len(src_ids), max(len(src) for src in src_ids)), np.int32)  # padding is masked, as in decoding
+  for n, src in enumerate(src_ids):
+    src_NxS[n, :len(src)] = src
+  best_NxTxK = np.asarray(jnp.argmax(jax.jit(model.apply)({'params': params}, src_NxS, tgt_in_NxT), -1))
+  correct, total = np.zeros(3), np.zeros(3)
+  for n, tokens in enumerate(rows):
     for i in range(3):
       for t in range(len(tokens) - i):
-        correct[i] += best_TxK[t, i] == tokens[t + i]
+        correct[i] += best_NxTxK[n, t, i] == tokens[t + i]
         total[i] += 1
   for i in range(3):
     assert got[f'agreement_head{i + 1}'] == pytest.approx(correct[i] / total[i], abs=1.5 / total[i])
