@@ -141,6 +141,11 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
   if temperature < 0:
     raise UserError(f'config.decode.temperature={temperature} must be >= 0 (0: no sampling; 1: the model\'s own '
                     'distribution; below 1 sharper).')
+  speculative.check_truncation(dc.sample_top_k, dc.sample_top_p)
+  if (dc.sample_top_k or dc.sample_top_p < 1.0) and temperature <= 0:
+    raise UserError(f'config.decode.sample_top_k={dc.sample_top_k} / sample_top_p={dc.sample_top_p} truncate '
+                    'sampling, but config.decode.temperature is 0 (no sampling): set '
+                    '--config.decode.temperature=T > 0 or leave them at 0 / 1.')
   if speculative.CRITERION in criteria and temperature <= 0:
     raise UserError(f'config.decode.criteria contains {speculative.CRITERION!r}, which samples at '
                     'config.decode.temperature, but the temperature is 0: set --config.decode.temperature=T > 0 '

@@ -62,9 +62,10 @@ class Decoder:
     self._greedy_jit = jax.jit(self._greedy, out_shardings=out)
     self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('k', 'criterion'), out_shardings=out)
     self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
-    self._sample_jit = jax.jit(self._sample, out_shardings=out)
+    self._sample_jit = jax.jit(self._sample, static_argnames=('top_k', 'top_p'), out_shardings=out)
     self._tree_jit = jax.jit(self._tree, static_argnames=('paths', 'criterion'), out_shardings=out)
-    self._speculative_jit = jax.jit(self._speculative, static_argnames=('k', 'paths'), out_shardings=out)
+    self._speculative_jit = jax.jit(self._speculative, static_argnames=('k', 'paths', 'top_k', 'top_p'),
+                                    out_shardings=out)
     self._first_heads_jit = jax.jit(lambda params, k: model_lib.first_heads(self.model, params, k)[1],
                                     static_argnames='k')
     self._heads_cache = {}  # k -> (the params it was cut from, their first k heads)
@@ -96,10 +97,12 @@ class Decoder:
     """A decoding.BlockwiseResult."""
     return self._blockwise_jit(self._heads(params, k), self._put(src_BxS), k=k, criterion=criterion)
 
-  def sample(self, params, src_BxS, temperature: float, seed: int):
-    """(tokens_BxL, length_B) drawn from the model at `temperature` (see sampling_score_fn). The same seed and
-    batch give the same samples; a row's sample depends on the seed and on its place in the batch."""
-    return self._sample_jit(params, self._put(src_BxS), jnp.float32(temperature), jax.random.PRNGKey(seed))
+  def sample(self, params, src_BxS, temperature: float, seed: int, top_k: int = 0, top_p: float = 1.0):
+    """(tokens_BxL, length_B) drawn from the model at `temperature`, truncated to top_k / top_p (see
+    sampling_score_fn; 0 and 1: off). The same seed and batch give the same samples; a row's sample depends on the
+    seed and on its place in the batch."""
+    return self._sample_jit(params, self._put(src_BxS), jnp.float32(temperature), jax.random.PRNGKey(seed),
+                            top_k=top_k, top_p=top_p)
 
   def tree(self, params, src_BxS, paths, criterion):
     """A decoding.BlockwiseResult of tree decoding with the topology `paths` (decoding.check_tree), using the
@@ -107,15 +110,17 @@ class Decoder:
     return self._tree_jit(self._heads(params, decoding.tree_depth(paths)), self._put(src_BxS), paths=paths,
                           criterion=criterion)
 
-  def speculative(self, params, src_BxS, k: int, temperature: float, seed: int, paths=None):
+  def speculative(self, params, src_BxS, k: int, temperature: float, seed: int, paths=None, top_k: int = 0,
+                  top_p: float = 1.0):
     """A decoding.BlockwiseResult of lossless speculative sampling at `temperature` (bpd/speculative.py): the
     samples follow softmax(head 1 / temperature) exactly, as `sample`'s do, with k heads drafting (paths: a tree
     with the single root (0,), speculative.check_sampling_tree; None: the chain of k). Compiled once per
     (batch shape, k, paths); temperature and seed are traced. Row b draws from fold_in(PRNGKey(seed), b): the
-    same seed and batch give the same samples, and a row's samples do not depend on the other rows."""
+    same seed and batch give the same samples, and a row's samples do not depend on the other rows. top_k, top_p:
+    the truncation `sample` takes, applied alike (speculative.sampling_logits)."""
     depth = k if paths is None else decoding.tree_depth(paths)
     return self._speculative_jit(self._heads(params, depth), self._put(src_BxS), jnp.float32(temperature),
-                                 jax.random.PRNGKey(seed), k=k, paths=paths)
+                                 jax.random.PRNGKey(seed), k=k, paths=paths, top_k=top_k, top_p=top_p)
 
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""
@@ -140,10 +145,10 @@ class Decoder:
                               max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
                               criterion=criterion)
 
-  def _sample(self, params, src_BxS, temperature, key):
+  def _sample(self, params, src_BxS, temperature, key, top_k, top_p):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
     state = self._init(init_state, src_BxS)
-    tokens, length, _ = decoding.greedy(sampling_score_fn(score_fn, key, temperature), state,
+    tokens, length, _ = decoding.greedy(sampling_score_fn(score_fn, key, temperature, top_k, top_p), state,
                                         batch_size=src_BxS.shape[0], max_len=self.max_len,
                                         bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
     return tokens, length
@@ -156,14 +161,14 @@ class Decoder:
                          paths=paths, k=k, max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
                          criterion=criterion)
 
-  def _speculative(self, params, src_BxS, temperature, key, k, paths):
+  def _speculative(self, params, src_BxS, temperature, key, k, paths, top_k, top_p):
     depth = k if paths is None else decoding.tree_depth(paths)
     init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(depth), params)  # params: `_heads`
     state = self._init(init_state, src_BxS, block=depth if paths is None else len(paths))
     return speculative_lib.speculative(score_fn, propose_fn, state, key=key, temperature=temperature,
                                        batch_size=src_BxS.shape[0], k=depth, max_len=self.max_len,
                                        bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id, paths=paths,
-                                       move_fn=model_lib.move_cache)
+                                       move_fn=model_lib.move_cache, top_k=top_k, top_p=top_p)
 
   def _beam(self, params, src_BxS, beam_size, alpha):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
@@ -174,8 +179,9 @@ class Decoder:
     return tokens[:, 0]
 
 
-def sampling_score_fn(score_fn, key, temperature):
-  """score_fn whose logits' argmax is a sample from softmax(logits / temperature): greedy decoding over it is
+def sampling_score_fn(score_fn, key, temperature, top_k: int = 0, top_p: float = 1.0):
+  """score_fn whose logits' argmax is a sample from softmax(logits / temperature), truncated to the top_k most
+  likely tokens and to the top_p nucleus when set (speculative.sampling_logits): greedy decoding over it is
   ancestral sampling, as the Image Transformer samples its super-resolution outputs (Parmar et al. 2018, at
   temperatures 0.8 to 1.0).
 
@@ -187,7 +193,7 @@ def sampling_score_fn(score_fn, key, temperature):
   def sampled(state, tokens_BxT, start):
     logits_BxTxV, hidden, state = score_fn(state, tokens_BxT, start)
     gumbel_BxTxV = jax.random.gumbel(jax.random.fold_in(key, start), logits_BxTxV.shape, jnp.float32)
-    return logits_BxTxV.astype(jnp.float32) / temperature + gumbel_BxTxV, hidden, state
+    return speculative_lib.sampling_logits(logits_BxTxV, temperature, top_k, top_p) + gumbel_BxTxV, hidden, state
   return sampled
 
 

@@ -58,6 +58,8 @@ class SweepSettings:
   seed: int = 0  # the sampled row's seed
   timing_examples: int = 0  # time on the first N examples (0: all)
   timing_repeats: int = 1  # alternate greedy / setting runs this many times; medians
+  sample_top_k: int = 0  # truncation of the sampled and speculative rows (0 / 1.0: off; speculative.sampling_logits)
+  sample_top_p: float = 1.0
 
 
 def _decode_setting(fn, src_ids, batch_size, bucket, what):
@@ -124,13 +126,16 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
               'identical_to_greedy': float(np.mean([np.array_equal(a, b) for a, b in zip(tokens, greedy_tokens)]))}
     return out, {**task.scores(outputs, references, greedy_outputs), **timing}
 
-  sample_fn = lambda src: decoder.sample(params, src, temperature, seed)
+  truncation = {'top_k': settings.sample_top_k, 'top_p': settings.sample_top_p}
+  sampling_fields = {'temperature': float(temperature), 'seed': seed, 'sample_top_k': settings.sample_top_k,
+                     'sample_top_p': settings.sample_top_p}
+  sample_fn = lambda src: decoder.sample(params, src, temperature, seed, **truncation)
   if temperature > 0:  # ancestral sampling: the baseline of the 'speculative' rows
     criterion = f'sample:{temperature:g}'
     out, fields = measure(decoder_lib.setting_name(1, criterion), sample_fn)
     count = int(sum(int(o[1]) for o in out))
     records.append({**base, **one_per_call, 'iterations': count, 'invocations': count, 'tokens': count,
-                    'criterion': criterion, 'temperature': float(temperature), 'seed': seed, **fields})
+                    'criterion': criterion, **sampling_fields, **fields})
     logging.info('%s b%d %s: %s', split, batch_size, criterion, _fields(fields))
 
   settings = [(k, criterion, None, None) for k, criterion in sweep]
@@ -142,7 +147,7 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
 
     def blockwise_fn(src, k=k, criterion=criterion, paths=paths, calls=batch_invocations):
       if criterion == speculative.CRITERION:  # lossless sampling at the sampled row's temperature and seed
-        result = decoder.speculative(params, src, k=k, temperature=temperature, seed=seed, paths=paths)
+        result = decoder.speculative(params, src, k=k, temperature=temperature, seed=seed, paths=paths, **truncation)
       elif paths is None:  # a chain ('chain' in config.decode.trees too): the paper's loop
         result = decoder.blockwise(params, src, k=k, criterion=criterion)
       else:
@@ -154,7 +159,7 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
     # Speculative sampling's speedup is over ancestral sampling at the same temperature, timed side by side.
     out, fields = measure(name, blockwise_fn, *((sample_fn, 'sample') if sampled else ()))
     if sampled:
-      fields.update(temperature=float(temperature), seed=seed)
+      fields.update(sampling_fields)
     # The rows back into one batch of the whole split, with the calls of its batches: decoding.summarize's
     # statistics (DESIGN §2). batch_invocations: the warm-up batch, the full decode's batches, then the timing's.
     num_batches = -(-len(src_ids) // batch_size)
@@ -193,7 +198,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
   task.check_decode(config)
   settings = SweepSettings(sweep, checks.check_trees(config, workdir, model_config.k, model_config.head_type),
                            config.decode.temperature, config.decode.seed, config.decode.timing_examples,
-                           config.decode.timing_repeats)
+                           config.decode.timing_repeats, config.decode.sample_top_k, config.decode.sample_top_p)
   mesh = sharding.make_mesh(config.model_axis_size)
   _, params, step = checkpoint.load_params(workdir, mesh=mesh)
   tokenizer = task.tokenizer_for_decoding(workdir)

@@ -49,6 +49,9 @@ Design choices (issue 21):
     Gumbel-max (Decoder.sample's) needs V; their float32 cumulative sums are exact to ~1e-7 of the probabilities.
   * Acceptance criteria: sampling is exact; `top_k:`, `distance:` and `min_block:` would change the distribution,
     and are a UserError (check_criterion) before anything is traced.
+  * Truncated sampling (top_k, top_p; `sampling_logits`): the target is then the truncated, renormalised p, and the
+    heads' q are truncated the same way. The rule above is exact for any target and any q, so the samples follow
+    ancestral sampling of the truncated model (Decoder.sample with the same top_k, top_p), as before.
 """
 
 from typing import Any
@@ -126,8 +129,39 @@ def _block_keys(row_keys_B, start_B):
   return jax.vmap(jax.random.fold_in)(row_keys_B, start_B)
 
 
-def _softmax(logits, temperature):
-  return jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+def check_truncation(top_k: int, top_p: float) -> None:
+  """UserError unless top_k >= 0 (0: off) and 0 < top_p <= 1 (1: off)."""
+  if int(top_k) != top_k or top_k < 0:
+    raise UserError(f'sample_top_k={top_k} must be an integer >= 0 (0: every token; 40: the 40 most likely).')
+  if not 0.0 < top_p <= 1.0:
+    raise UserError(f'sample_top_p={top_p} must be in (0, 1] (1: every token; 0.9: the most likely tokens that '
+                    'hold 90% of the probability).')
+
+
+def sampling_logits(logits_Bx___xV, temperature, top_k: int = 0, top_p: float = 1.0):
+  """The logits both samplers draw from (ancestral: decoder.sampling_score_fn; speculative: here), float32:
+  logits / T, then -inf outside the top_k most likely tokens (0: off) and outside the smallest set of most likely
+  tokens whose probability reaches top_p (nucleus sampling, Holtzman et al. 2020; 1: off), in that order, as
+  common samplers apply them. A token tied with the last one kept is kept too, so the set is a function of the
+  values alone (not of how a sort orders ties) and is the same wherever it is computed. top_k and top_p are
+  static; temperature may be traced."""
+  x = logits_Bx___xV.astype(jnp.float32) / temperature
+  vocab = x.shape[-1]
+  if top_k and top_k < vocab:
+    kth_Bx___x1 = jax.lax.top_k(x, top_k)[0][..., -1:]
+    x = jnp.where(x >= kth_Bx___x1, x, -jnp.inf)
+  if top_p < 1.0:
+    probs = jax.nn.softmax(x, axis=-1)
+    sorted_desc = jax.lax.top_k(probs, vocab)[0]
+    mass_before = jnp.cumsum(sorted_desc, axis=-1) - sorted_desc
+    threshold = jnp.min(jnp.where(mass_before < top_p, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    x = jnp.where(probs >= threshold, x, -jnp.inf)
+  return x
+
+
+def _softmax(logits, temperature, top_k=0, top_p=1.0):
+  """The distribution a sampler draws from at this temperature and truncation (`sampling_logits`), float32."""
+  return jax.nn.softmax(sampling_logits(logits, temperature, top_k, top_p), axis=-1)
 
 
 def _residual(r_BxV, q_BxV):
@@ -173,14 +207,15 @@ def _heads(propose_fn, hidden_Bx___, depth):
 
 
 def sampler_init(score_fn, propose_fn, state, *, key, temperature, batch_size: int, paths, max_len: int,
-                 bos_id: int, eos_id: int) -> SamplerState:
+                 bos_id: int, eos_id: int, top_k: int = 0, top_p: float = 1.0) -> SamplerState:
   """The first model invocation (BOS at position 0: p and the heads there) and the loop's initial state."""
   B, layout, depth = batch_size, decoding.tree_layout(paths), decoding.tree_depth(paths)
   logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
   V = logits_Bx1xV.shape[-1]
   hidden_Bx___ = decoding.take_rows(hidden, jnp.zeros((B,), jnp.int32))
   heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else jnp.zeros((B, 0, V), jnp.float32)
-  nodes_BxN = _next_nodes(_softmax(logits_Bx1xV[:, 0], temperature), _softmax(heads_BxDm1xV, temperature),
+  nodes_BxN = _next_nodes(_softmax(logits_Bx1xV[:, 0], temperature, top_k, top_p),
+                          _softmax(heads_BxDm1xV, temperature, top_k, top_p),
                           _block_keys(_row_streams(key, B), jnp.ones((B,), jnp.int32)), layout['depth_N'])
   # A row whose first token (drawn from p at BOS) ends it is done with this call.
   rows = decoding.start_rows(nodes_BxN[:, 0], depth=depth, max_len=max_len, eos_id=eos_id)
@@ -235,7 +270,7 @@ def _walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, layout, plant):
 
 
 def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_len: int, eos_id: int,
-                 plant=None):
+                 top_k: int = 0, top_p: float = 1.0, plant=None):
   """One iteration (verify every node, walk, cut, move, draw the next tree): SamplerState -> SamplerState."""
   layout, depth = decoding.tree_layout(paths), decoding.tree_depth(paths)
   depth_N, path_NxD = layout['depth_N'], layout['path_NxD']
@@ -249,7 +284,9 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
     tree_arg = () if is_chain else ((depth_N, layout['ancestor_NxN']),)
     logits_BxNxV, hidden, model_state = score_fn(s.model_state, s.nodes_BxN, start_B, *tree_arg)
     coins_BxN = _uniforms(_block_keys(row_keys_B, start_B), len(paths))[:, 1]
-    cur_B, r_BxV = _walk(_softmax(logits_BxNxV, temperature), _softmax(s.heads_BxDm1xV, q_temperature),
+    # p and q truncated alike (top_k, top_p): the walk then samples the truncated model exactly.
+    cur_B, r_BxV = _walk(_softmax(logits_BxNxV, temperature, top_k, top_p),
+                         _softmax(s.heads_BxDm1xV, q_temperature, top_k, top_p),
                          s.nodes_BxN, coins_BxN, layout, plant)
     k_hat_B = jnp.asarray(depth_N)[cur_B] + 1
     path_BxD = jnp.asarray(path_NxD)[cur_B]
@@ -262,8 +299,8 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
     # token comes from r (the residual of the first rejection, or p at a leaf: the bonus token).
     hidden_Bx___ = decoding.take_rows(hidden, cur_B)
     heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else s.heads_BxDm1xV
-    nodes_BxN = _next_nodes(r_BxV, _softmax(heads_BxDm1xV, temperature), _block_keys(row_keys_B, rows.length_B + 1),
-                            depth_N)
+    nodes_BxN = _next_nodes(r_BxV, _softmax(heads_BxDm1xV, temperature, top_k, top_p),
+                            _block_keys(row_keys_B, rows.length_B + 1), depth_N)
     # The free token is already a sample of the next token: where it ends the row (EOS, or the max_len-th token) it
     # is appended now rather than by an iteration that would accept it alone (decoding.end_with_next_token).
     rows = decoding.close_iteration(s.rows, rows, k_hat_B, nodes_BxN[:, 0], eos_id=eos_id, max_len=max_len)
@@ -273,11 +310,12 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
 
 
 def speculative(score_fn, propose_fn, state: Any, *, key, temperature, batch_size: int, k: int, max_len: int,
-                bos_id: int, eos_id: int, paths=None, move_fn=None, criterion=None,
-                _plant=None) -> decoding.BlockwiseResult:
+                bos_id: int, eos_id: int, paths=None, move_fn=None, criterion=None, top_k: int = 0,
+                top_p: float = 1.0, _plant=None) -> decoding.BlockwiseResult:
   """Samples from softmax(head_1 / temperature), exactly, verifying the heads' drafts (module docstring).
 
-  key: a jax.random key (row b uses fold_in(key, b)); temperature: > 0, may be traced. k: the heads propose_fn
+  key: a jax.random key (row b uses fold_in(key, b)); temperature: > 0, may be traced. top_k, top_p: static
+  truncation of the distribution sampled (`sampling_logits`; the heads' drafts are truncated alike). k: the heads propose_fn
   offers; paths: a tree topology with the single root (0,) (check_sampling_tree; default the chain
   decoding.chain_tree(k)), using its first D = tree_depth(paths) heads; move_fn: needed for a tree that is not a
   chain. One model invocation per iteration plus one at the start. The state needs a cache of at least
@@ -285,6 +323,7 @@ def speculative(score_fn, propose_fn, state: Any, *, key, temperature, batch_siz
   block counts). `_plant` plants a known error, for the tests that must catch it (PLANTS).
   """
   check_criterion(criterion)
+  check_truncation(top_k, top_p)
   if _plant not in PLANTS:
     raise ValueError(f'unknown plant {_plant!r}; one of {PLANTS}')
   paths = check_sampling_tree(decoding.chain_tree(k) if paths is None else paths, k)
@@ -292,7 +331,7 @@ def speculative(score_fn, propose_fn, state: Any, *, key, temperature, batch_siz
     raise ValueError('a tree that is not a chain needs move_fn (bpd/decoding.py)')
 
   first = sampler_init(score_fn, propose_fn, state, key=key, temperature=temperature, batch_size=batch_size,
-                       paths=paths, max_len=max_len, bos_id=bos_id, eos_id=eos_id)
+                       paths=paths, max_len=max_len, bos_id=bos_id, eos_id=eos_id, top_k=top_k, top_p=top_p)
   body = sampler_body(score_fn, propose_fn, move_fn, key=key, temperature=temperature, paths=paths,
-                      max_len=max_len, eos_id=eos_id, plant=_plant)
+                      max_len=max_len, eos_id=eos_id, top_k=top_k, top_p=top_p, plant=_plant)
   return decoding.run_loop(first, body, max_len=max_len)

@@ -43,6 +43,8 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   decode.temperature   > 0 adds a row sampled at this temperature (seed decode.seed) beside greedy and the blockwise
                        rows, which stay argmax-based; the criterion 'speculative' in decode.criteria samples at it
                        blockwise, exactly (bpd/speculative.py); 0 = greedy only.
+  decode.sample_top_k, decode.sample_top_p  truncate the distribution both samplers draw from (the top_k most
+                       likely tokens, then the top_p nucleus; 0 and 1 = off; bpd/speculative.py sampling_logits).
   decode.grid_examples images: how many validation images the figure of outputs shows (decode/SPLIT.grid.png).
 """
 
@@ -198,6 +200,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.timing_repeats = 3  # alternate greedy/blockwise runs this many times; medians give the speedup
   c.decode.temperature = 0.0  # > 0 also decodes by sampling at this temperature (a row of its own; 'speculative')
   c.decode.seed = 0  # the sampled row's random seed (same seed and batch size: same samples)
+  c.decode.sample_top_k = 0  # > 0: sample among the most likely tokens only (ancestral and speculative rows)
+  c.decode.sample_top_p = 1.0  # < 1: sample from the nucleus of this probability (after sample_top_k)
   c.decode.grid_examples = 8  # images: validation images in the figure of outputs (decode/SPLIT.grid.png)
 
   c.distill = ml_collections.ConfigDict()

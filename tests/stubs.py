@@ -219,8 +219,10 @@ class SoftStub:
       out.append(self.logits(h) + self.head_noise * (noise - 0.5))
     return jnp.stack(out, axis=1)
 
-  def exact_distribution(self, seed, max_len, temperature):
-    """{output tokens (EOS included): probability} of ancestral sampling at `temperature`, enumerated in numpy."""
+  def exact_distribution(self, seed, max_len, temperature, top_k=0, top_p=1.0):
+    """{output tokens (EOS included): probability} of ancestral sampling at `temperature`, enumerated in numpy;
+    truncated to the top_k most likely tokens, then to the smallest set of most likely tokens whose probability
+    reaches top_p (ties with the last token kept are kept; 0 / 1: off)."""
     out = {}
 
     def walk(h, prefix, prob):
@@ -228,8 +230,19 @@ class SoftStub:
         out[tuple(prefix)] = prob
         return
       logits = self.logits(np.asarray(h, np.uint32)).astype(np.float64) / temperature
+      if top_k:
+        logits = np.where(logits >= np.sort(logits)[::-1][top_k - 1], logits, -np.inf)
       p = np.exp(logits - logits.max())
       p /= p.sum()
+      if top_p < 1.0:
+        kept, mass = [], 0.0
+        for v in np.argsort(-p, kind='stable'):
+          if mass >= top_p:
+            break
+          kept.append(p[v])
+          mass += p[v]
+        p = np.where(p >= min(kept), p, 0.0)
+        p /= p.sum()
       for v in range(self.vocab_size):
         if p[v] > 0:
           walk(_mix(np.asarray(h, np.uint32), np.asarray(v)), prefix + [v], prob * p[v])

@@ -287,6 +287,16 @@ def test_error_bad_criteria(trained, criterion, match):
   _expect_error(match, evaluate.decode_sweep, tiny_config(**{'decode.criteria': (criterion,)}), heads_dir)
 
 
+@pytest.mark.parametrize('overrides, match', [
+    ({'decode.sample_top_k': 5}, 'temperature is 0'),  # truncation applies to sampling only
+    ({'decode.temperature': 1.0, 'decode.sample_top_p': 0.0}, r'sample_top_p=0\.0 must be in \(0, 1\]'),
+    ({'decode.temperature': 1.0, 'decode.sample_top_k': -2}, 'sample_top_k=-2 must be an integer >= 0'),
+])
+def test_error_bad_sampling_truncation(trained, overrides, match):
+  _, heads_dir = trained
+  _expect_error(match, evaluate.decode_sweep, tiny_config(**overrides), heads_dir)
+
+
 def test_error_sweep_k_larger_than_checkpoint(trained):
   _, heads_dir = trained
   _expect_error(r"contains 5, but the checkpoint .* has k=3", evaluate.decode_sweep,
@@ -294,12 +304,12 @@ def test_error_sweep_k_larger_than_checkpoint(trained):
 
 
 def test_speculative_sampling_through_the_decode_sweep(trained, tmp_path):
-  """--config.decode.temperature=1.0 --config.decode.criteria="('speculative',)" on text: the ancestral row
-  (sample:1) and a speculative row with BLEU, mean accepted block size and its speedup over ancestral sampling;
-  the same seed gives the same samples."""
+  """--config.decode.temperature=1.0 --config.decode.criteria="('speculative',)" on text, nucleus-truncated: the
+  ancestral row (sample:1) and a speculative row with BLEU, mean accepted block size and its speedup over ancestral
+  sampling; the same seed gives the same samples."""
   _, heads_dir = trained
   config = tiny_config(**{'k': 3, 'decode.ks': (3,), 'decode.criteria': ('speculative',), 'decode.temperature': 1.0,
-                          'decode.seed': 3})
+                          'decode.seed': 3, 'decode.sample_top_p': 0.9})
   samples = []
   for name in ('a', 'b'):
     workdir = str(tmp_path / name)
@@ -312,6 +322,7 @@ def test_speculative_sampling_through_the_decode_sweep(trained, tmp_path):
               'block_size_histogram'):
     assert key in row, key
   assert (row['temperature'], row['seed'], row['quality_metric']) == (1.0, 3, 'bleu')
+  assert all((r['sample_top_k'], r['sample_top_p']) == (0, 0.9) for r in records[1:])
   assert 1.0 <= row['mean_accepted_block_size'] <= 3 and row['invocations'] == row['iterations'] + 12
   assert row['speedup'] == row['sample_seconds'] / row['seconds']
   assert samples[0] == samples[1] and len(samples[0].split('\n')) == 12 + 1

@@ -35,12 +35,12 @@ SEED = 5  # the stub's source: every row decodes the same source
 TREE = ((0,), (0, 0), (0, 1), (0, 2), (0, 0, 0), (0, 0, 1), (0, 1, 0))  # siblings at depths 1 and 2
 
 
-@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'paths', 'plant'))
-def _sample(key, seed_B, temperature, *, stub, batch_size, max_len, paths=None, plant=None):
+@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'paths', 'plant', 'top_k', 'top_p'))
+def _sample(key, seed_B, temperature, *, stub, batch_size, max_len, paths=None, plant=None, top_k=0, top_p=1.0):
   state = stub.init_state(seed_B, max_len + (len(paths) if paths else stub.k) + 1)
   return speculative.speculative(stub.score_fn, stub.propose_fn, state, key=key, temperature=temperature,
                                  batch_size=batch_size, k=stub.k, max_len=max_len, bos_id=BOS, eos_id=EOS,
-                                 paths=paths, move_fn=stub.move_fn, _plant=plant)
+                                 paths=paths, move_fn=stub.move_fn, top_k=top_k, top_p=top_p, _plant=plant)
 
 
 @functools.partial(jax.jit, static_argnames=('stub', 'max_len', 'paths'))
@@ -72,19 +72,19 @@ def chi_square(outcomes, exact):
   return statistic, stats.chi2.isf(ALPHA, len(cells) - 1), outside
 
 
-def assert_matches_ancestral(result, stub, max_len, temperature):
+def assert_matches_ancestral(result, stub, max_len, temperature, top_k=0, top_p=1.0):
   """The samples of `result` (a BlockwiseResult, or (tokens, lengths)) follow ancestral sampling of the stub."""
   tokens, lengths = (result.tokens_BxL, result.length_B) if hasattr(result, 'tokens_BxL') else result
-  statistic, bound, outside = chi_square(_outcomes(tokens, lengths), stub.exact_distribution(SEED, max_len,
-                                                                                             temperature))
+  exact = stub.exact_distribution(SEED, max_len, temperature, top_k, top_p)
+  statistic, bound, outside = chi_square(_outcomes(tokens, lengths), exact)
   assert outside == 0, f'{outside} samples the model cannot produce'
   assert statistic < bound, f'chi-square {statistic:.1f} >= {bound:.1f}: not the model\'s distribution'
   return statistic
 
 
-def _batch(stub, max_len, temperature, paths=None, plant=None, key=0):
+def _batch(stub, max_len, temperature, paths=None, plant=None, key=0, top_k=0, top_p=1.0):
   return _sample(jax.random.PRNGKey(key), jnp.full((SAMPLES,), SEED, jnp.uint32), jnp.float32(temperature),
-                 stub=stub, batch_size=SAMPLES, max_len=max_len, paths=paths, plant=plant)
+                 stub=stub, batch_size=SAMPLES, max_len=max_len, paths=paths, plant=plant, top_k=top_k, top_p=top_p)
 
 
 # -- the reference itself ----------------------------------------------------------------------------------
@@ -133,6 +133,59 @@ def test_samples_follow_the_model_at_batch_1(paths):
   result = _sample_batch1(keys, jnp.float32(0.8), stub=stub, max_len=3, paths=paths)
   assert result.tokens_BxL.shape == (SAMPLES, 1, 3)
   assert_matches_ancestral((result.tokens_BxL[:, 0], result.length_B[:, 0]), stub, 3, 0.8)
+
+
+# -- truncated sampling (top_k, top_p) ---------------------------------------------------------------------
+
+TRUNCATIONS = [(2, 1.0), (0, 0.6), (3, 0.8)]
+
+
+@pytest.mark.parametrize('top_k, top_p', TRUNCATIONS)
+def test_truncated_ancestral_sampling_is_the_enumerated_truncated_distribution(top_k, top_p):
+  """The reference for the truncated tests below: the ancestral sampler with the same truncation, and a
+  truncation that really removes outcomes (the untruncated distribution is then far outside the bound)."""
+  stub = SoftStub(k=1)
+
+  @jax.jit
+  def ancestral(key):
+    score_fn = decoder_lib.sampling_score_fn(stub.score_fn, key, jnp.float32(0.8), top_k, top_p)
+    tokens, length, _ = decoding.greedy(score_fn, stub.init_state(jnp.full((SAMPLES,), SEED, jnp.uint32), 4),
+                                        batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS)
+    return tokens, length
+
+  samples = ancestral(jax.random.PRNGKey(3))
+  assert_matches_ancestral(samples, stub, 3, 0.8, top_k, top_p)
+  full, truncated = stub.exact_distribution(SEED, 3, 0.8), stub.exact_distribution(SEED, 3, 0.8, top_k, top_p)
+  assert len(truncated) < len(full) / 2, (len(truncated), len(full))
+  with pytest.raises(AssertionError):
+    assert_matches_ancestral(samples, stub, 3, 0.8)  # the untruncated distribution: not what was drawn
+
+
+@pytest.mark.parametrize('top_k, top_p', TRUNCATIONS)
+@pytest.mark.parametrize('paths', [None, TREE], ids=['chain', 'tree'])
+def test_truncated_speculative_samples_follow_the_truncated_model(paths, top_k, top_p):
+  stub = SoftStub(k=3)
+  result = _batch(stub, 3, 0.8, paths=paths, top_k=top_k, top_p=top_p)
+  assert_matches_ancestral(result, stub, 3, 0.8, top_k, top_p)
+  assert decoding.summarize(result)['mean_accepted_block_size'] > 1.3  # the heads' drafts were accepted
+
+
+def test_sampling_logits_keep_ties_and_at_least_one_token():
+  logits = jnp.log(jnp.asarray([[0.4, 0.2, 0.2, 0.1, 0.1]]))
+  kept = lambda **kw: np.isfinite(np.asarray(speculative.sampling_logits(logits, 1.0, **kw)))[0].tolist()
+  assert kept(top_k=2) == [True, True, True, False, False]  # the token tied with the 2nd is kept too
+  assert kept(top_p=0.5) == [True, True, True, False, False]  # 0.4 + 0.2 reaches 0.5; its tie stays
+  assert kept(top_p=0.4) == [True, False, False, False, False]
+  assert kept(top_p=1e-6) == [True, False, False, False, False]
+  assert kept(top_k=1, top_p=0.9) == [True, False, False, False, False]
+  assert kept() == [True] * 5
+
+
+@pytest.mark.parametrize('top_k, top_p', [(-1, 1.0), (2.5, 1.0), (0, 0.0), (0, 1.5)])
+def test_bad_truncation_is_a_user_error(top_k, top_p):
+  with pytest.raises(UserError, match='sample_top'):
+    speculative.speculative(None, None, {}, key=jax.random.PRNGKey(0), temperature=1.0, batch_size=2, k=3,
+                            max_len=4, bos_id=BOS, eos_id=EOS, top_k=top_k, top_p=top_p)
 
 
 # -- the same test catches planted errors ------------------------------------------------------------------
