@@ -12,7 +12,7 @@ from tests.test_pipeline import tiny_config
 
 def test_study_runs_every_stage_and_resumes(tmp_path):
   config = tiny_config(**{'k': 3, 'data.synthetic_train_size': 48, 'train.num_steps': 4})
-  plan = translation_study.Plan(models=('finetune_distilled',), splits=('test',), ks=(1, 2, 3),
+  plan = translation_study.Plan(models=('finetune_distilled',), splits=('test',), ks=(1, 2),
                                 criteria=('exact', 'top_k:2'), batch_sizes=(1, 8), max_examples=8,
                                 batch1_examples=3, timing_examples=4, timing_repeats=2,
                                 finetune_config=("train.head1_weight=3.0",), other_criteria=("exact",))
@@ -22,7 +22,7 @@ def test_study_runs_every_stage_and_resumes(tmp_path):
   models = {r['model'] for r in rows}
   assert models == {'base', 'finetune_distilled'}
   settings = {(r['model'], r['k'], r['criterion']) for r in rows}
-  assert ('finetune_distilled', 3, 'top_k:2') in settings and ('base', 1, 'greedy') in settings
+  assert ('finetune_distilled', 2, 'top_k:2') in settings and ('base', 1, 'greedy') in settings
   assert all(r['identical_to_greedy'] == 1.0 for r in rows if r['criterion'] == 'exact')
   assert {(r['batch_size'], r['examples']) for r in rows} == {(1, 3), (8, 8)}  # batch 1 decodes a subset
   block_rows = [r for r in rows if r['criterion'] != 'greedy']
@@ -36,7 +36,7 @@ def test_study_runs_every_stage_and_resumes(tmp_path):
   table1 = open(os.path.join(root, 'study_table1.md')).read()
   assert '| Both | Both (paper) | Both, top-2 |' in table1 and '| 2 | ' in table1 and '1.88' in table1
   paper = open(os.path.join(root, 'study_paper.md')).read()
-  assert '| finetune_distilled | top_k:2 |' in paper and '| base | greedy |' in paper and 'k=3' in paper
+  assert '| finetune_distilled | top_k:2 |' in paper and '| base | greedy |' in paper and 'k=2' in paper
   stamp = os.path.getmtime(os.path.join(root, 'finetune_distilled', 'decode_test_b8', 'results.json'))
   translation_study.run_stages(config, root, plan)  # everything is done: nothing runs again
   assert os.path.getmtime(os.path.join(root, 'finetune_distilled', 'decode_test_b8', 'results.json')) == stamp
