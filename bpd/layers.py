@@ -492,9 +492,8 @@ class MultiOutput(nn.Module):
     one at a time in decoding (Transformer.propose), each fed the token the one before it chose:
     previous_Bx___xD is that token's embedding (sequential only, required there). weights: this head's slices
     of the parameters, cut once outside the decoding loop (bpd/model.py, split_sequential_heads), instead of
-    here: cut inside the loop's body, XLA's CPU backend copied each head's kernels on every iteration (as
-    first_heads found for issue #12), 3.5 of the 4.2 MB per iteration that k = 4 sequential heads added on the
-    demo's mini model.
+    here: cut inside the loop's body, XLA's CPU backend copied each head's kernels on every iteration (as it did
+    for first_heads), most of the bytes that sequential heads added per iteration.
     """
     x = hidden_Bx___xD.astype(self.dtype)
     take = lambda w: jax.lax.dynamic_index_in_dim(w, index, axis=0, keepdims=False)

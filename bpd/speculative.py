@@ -28,15 +28,16 @@ decoding.chain_tree(k), D = k):
 For the chain this is Leviathan et al.'s rule exactly: drafts t_2..t_k, accept each with min(1, p/q), the first
 rejection resamples from norm(max(0, p - q)), all accepted gives a bonus token from p (here: the next free token).
 
-Design choices (issue 21):
+Design choices:
   * Proposals are drawn from the heads' own softmax at T (not argmax). The chance that a draft is accepted is
     sum_v min(p(v), q(v)) = 1 - TV(p, q) (Leviathan et al. §3.2): heads trained with cross-entropy are
     distributions, and when q is close to p this is close to 1 at any T, while an argmax draft (q a point mass) is
     accepted with probability p(argmax q) <= max_v p(v), small whenever p is flat (high T, open-ended text,
     pixel noise). At T -> 0 both become greedy. The cost: with several children per node, iid drafts can repeat a
     token, and a repeated sibling is rarely accepted after its twin was rejected (its residual mass is gone).
-  * One loop for chains and trees (issue item 5): the chain is the one-path tree, so the state, the EOS / max_len
-    cut, the token writes and the statistics are written once. What a chain needs less is decided at trace time:
+  * One loop for chains and trees: the chain is the one-path tree. The rows' state, the EOS / max_len cut, the
+    token writes and the statistics are decoding's (decoding.Rows, accept_block, close_iteration), shared with the
+    greedy-acceptance chain and tree loops. What a chain needs less is decided at trace time:
     for a one-path topology score_fn is called without the tree mask (slots are positions, the block is causal)
     and move_fn is skipped (the path is already contiguous), so the chain keeps the blockwise chain's calls. The
     walk over siblings is a static Python loop over the tree's nodes: for the chain it reads as "try the single

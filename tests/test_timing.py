@@ -1,4 +1,4 @@
-"""Fair timing (issue #12): no compile inside a timed region, warm-up on the timed shapes, strong greedy baseline."""
+"""Fair timing: no compile inside a timed region, warm-up on the timed shapes, strong greedy baseline."""
 
 import jax
 import jax.numpy as jnp
