@@ -199,8 +199,12 @@ class Transformer(nn.Module):
     return self.embed(colocated_BxT) * jnp.sqrt(float(c.d_model))
 
   def logits(self, hidden_Bx___xD):
-    """The shared vocabulary projection (tied to the embedding). Returns [..., V] float32."""
-    return self.embed.attend(hidden_Bx___xD.astype(jnp.float32))
+    """The shared vocabulary projection (tied to the embedding). Returns [..., V] float32, accumulated in float32
+    from the embedding's own dtype: a bfloat16 decode (params_in_compute_dtype) reads its bfloat16 embedding, not a
+    float32 copy of it, as the vocabulary projections are a large share of a decoding step's bytes."""
+    embedding_VxD = self.embed.embedding
+    return jnp.einsum('...d,vd->...v', hidden_Bx___xD.astype(embedding_VxD.dtype), embedding_VxD,
+                      preferred_element_type=jnp.float32)
 
   def encode(self, src_BxS, deterministic=True):
     """Encoder output [B, S, D]. Source id 0 is padding."""
@@ -395,7 +399,8 @@ class Transformer(nn.Module):
       if split is None:
         logits_BxV = self.logits(vector_BxD)
       else:  # the tied projection, with the [D, V] transpose made once per decode rather than once per head
-        logits_BxV = vector_BxD.astype(jnp.float32) @ split['embedding_DxV']
+        embedding_DxV = split['embedding_DxV']
+        logits_BxV = jnp.dot(vector_BxD.astype(embedding_DxV.dtype), embedding_DxV, preferred_element_type=jnp.float32)
       if prior_BxKm1xV is not None:
         logits_BxV = logits_BxV + prior_BxKm1xV[:, n]
       token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
@@ -418,7 +423,7 @@ def split_sequential_heads(params: Any, num_heads: int) -> dict:
   heads = params['multi_output']
   names = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias', 'token_kernel')
   return {'heads': [{name: heads[name][n] for name in names} for n in range(num_heads - 1)],
-          'embedding_DxV': params['embed']['embedding'].astype(jnp.float32).T}
+          'embedding_DxV': params['embed']['embedding'].T}  # in its own dtype, as Transformer.logits reads it
 
 
 def previous_tokens(tgt_in_BxT: jax.Array, num: int) -> jax.Array:

@@ -123,3 +123,36 @@ def test_decoding_reads_parameters_in_the_compute_dtype():
   cast = model_lib.params_in_compute_dtype(params, 'bfloat16')
   assert cast['dense']['kernel'].dtype == jnp.bfloat16 and cast['step'].dtype == jnp.int32
   assert model_lib.params_in_compute_dtype(params, 'float32') is params
+
+
+@pytest.mark.parametrize('head_type', ['independent', 'sequential'])
+def test_bfloat16_decoding_projects_onto_the_vocabulary_in_bfloat16(head_type):
+  """Every vocabulary projection of a bfloat16 decode (head 1 in score, heads 2..k in propose) multiplies bfloat16
+  operands, accumulating in float32 to float32 logits: no float32 copy of the [V, D] embedding is made per call."""
+  config = model_lib.model_config('tiny', vocab_size=24, k=3, d_model=32, dtype='bfloat16', head_type=head_type)
+  model = model_lib.Transformer(config)
+  params = model_lib.init_params(config, jax.random.PRNGKey(0))
+  init_state, score_fn, propose_fn = model_lib.decode_fns(model, params)
+
+  def score_and_propose(src):
+    logits, hidden, _ = score_fn(init_state(src, 16), jnp.full((1, 2), 5, jnp.int32), jnp.zeros((1,), jnp.int32))
+    return logits, propose_fn(jax.tree.map(lambda x: x[:, 0], hidden))
+
+  jaxpr = jax.make_jaxpr(score_and_propose)(jnp.ones((1, 4), jnp.int32))
+  projections = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == 'dot_general'
+                 and e.outvars[0].aval.shape[-1] == 24]
+  assert len(projections) == 1 + (2 if head_type == 'sequential' else 1)
+  for e in projections:
+    assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16] * 2 and e.outvars[0].aval.dtype == jnp.float32
+  logits, proposals = jax.jit(score_and_propose)(jnp.ones((1, 4), jnp.int32))
+  assert logits.dtype == proposals.dtype == jnp.float32
+
+
+def _equations(jaxpr):
+  """Every equation of a jaxpr and of the jaxprs inside it (pjit, custom calls)."""
+  for e in jaxpr.eqns:
+    yield e
+    for param in e.params.values():
+      inner = getattr(param, 'jaxpr', param)
+      if hasattr(inner, 'eqns'):
+        yield from _equations(inner)
