@@ -216,23 +216,44 @@ def tree_positions(start_B: jax.Array, batch: int, depth_N) -> jax.Array:
   return jnp.broadcast_to(jnp.asarray(start_B)[..., None] + jnp.asarray(depth_N), (batch, len(depth_N)))
 
 
-def tree_self_mask(start_B: jax.Array, batch: int, cache_len: int, depth_N, ancestor_NxN):
+def tree_self_mask(start_B: jax.Array, batch: int, slots_BxL: jax.Array, depth_N, ancestor_NxN):
   """Self-attention of the N nodes of a candidate tree written to slots start_B[b] .. start_B[b] + N - 1.
 
   Node n sees the slots before start_B[b] (the accepted prefix) and the slots of its ancestors and itself
   (ancestor_NxN[n, m], a numpy constant); the other nodes of the tree and the stale slots after it are masked.
+  slots_BxL: the cache slots attended ([1 or B, L]: the whole cache, or local attention's `key_window`).
   Returns (mask_BxNxL, key_positions_BxL): the positions of what each slot holds (slot l holds position l,
   except the tree's slots, which hold start + depth), for local attention's block mask.
   """
   num = len(depth_N)
-  rel_BxL = jnp.arange(cache_len)[None, :] - jnp.broadcast_to(jnp.asarray(start_B), (batch,))[:, None]
+  rel_BxL = slots_BxL - jnp.broadcast_to(jnp.asarray(start_B), (batch,))[:, None]
   in_tree_BxL = (rel_BxL >= 0) & (rel_BxL < num)
   node_BxL = jnp.clip(rel_BxL, 0, num - 1)
   ancestor_BxNxL = jnp.moveaxis(jnp.asarray(ancestor_NxN)[:, node_BxL], 0, 1)
   mask_BxNxL = (rel_BxL < 0)[:, None, :] | (in_tree_BxL[:, None, :] & ancestor_BxNxL)
-  slot_1xL = jnp.arange(cache_len)[None, :]
-  key_positions_BxL = jnp.where(in_tree_BxL, slot_1xL - rel_BxL + jnp.asarray(depth_N)[node_BxL], slot_1xL)
+  key_positions_BxL = jnp.where(in_tree_BxL, slots_BxL - rel_BxL + jnp.asarray(depth_N)[node_BxL], slots_BxL)
   return mask_BxNxL, key_positions_BxL
+
+
+def key_window(start_B: jax.Array, cache_len: int, block: int, num_new: int):
+  """The cache slots local attention can see from T new tokens written from start_B (chain: positions start ..
+  start + T - 1; tree: T = N node slots, positions start + depth): S = min(cache_len, 2W + T) slots from
+  first_B = (start // W - 1) * W, the first position of the block before the first new position's (clipped into
+  the cache). Every key a new token may attend to (its own block and the one before, up to its own slot) is
+  inside, so attending to the window equals attending to the whole masked cache; a step reads 2W + T slots of
+  each layer's cache instead of all of them (3080 for a 32x32 image). Returns (first_B, slots_BxS); first_B is a
+  scalar when start_B is (every row at the same position)."""
+  size = min(cache_len, 2 * block + num_new)
+  first_B = jnp.clip((jnp.asarray(start_B) // block - 1) * block, 0, cache_len - size)
+  return first_B, jnp.atleast_1d(first_B)[:, None] + jnp.arange(size)[None, :]
+
+
+def read_rows(cache: jax.Array, first_B: jax.Array, size: int, axis: int) -> jax.Array:
+  """cache[b, ..., first_B[b] : first_B[b] + size, ...] along `axis` (write_rows' reverse); first_B may be a
+  scalar (one slice for the whole batch)."""
+  if jnp.ndim(first_B) == 0:
+    return jax.lax.dynamic_slice_in_dim(cache, first_B, size, axis)
+  return jax.vmap(lambda row, first: jax.lax.dynamic_slice_in_dim(row, first, size, axis - 1))(cache, first_B)
 
 
 def move_slots(cache: jax.Array, start_B: jax.Array, source_BxD: jax.Array, axis: int) -> jax.Array:
@@ -393,20 +414,26 @@ class DecoderLayer(nn.Module):
     k_BxHxKxL = write_rows(cache['k_BxHxKxL'], jnp.transpose(k_new_BxTxHxK, (0, 2, 3, 1)), start_B, axis=3)
     v_BxHxLxK = write_rows(cache['v_BxHxLxK'], jnp.swapaxes(v_new_BxTxHxK, 1, 2), start_B, axis=2)
     batch, num_new, cache_len = x_BxTxD.shape[0], x_BxTxD.shape[1], v_BxHxLxK.shape[2]
+    if self.attention_block:  # local attention reads only the window of slots it can see (`key_window`)
+      first_B, slots_BxL = key_window(start_B, cache_len, self.attention_block, num_new)
+      keys_BxHxKxL = read_rows(k_BxHxKxL, first_B, slots_BxL.shape[1], axis=3)
+      values_BxHxLxK = read_rows(v_BxHxLxK, first_B, slots_BxL.shape[1], axis=2)
+    else:
+      slots_BxL, keys_BxHxKxL, values_BxHxLxK = jnp.arange(cache_len)[None, :], k_BxHxKxL, v_BxHxLxK
     if tree is None:
       query_pos_BxT = query_positions(start_B, batch, num_new)
       # A query sees cached positions up to its own; later slots (stale or empty) are masked.
-      self_mask_BxTxL = jnp.arange(cache_len)[None, None, :] <= query_pos_BxT[:, :, None]
-      key_pos_BxL = jnp.arange(cache_len)[None, :]
+      self_mask_BxTxL = slots_BxL[:, None, :] <= query_pos_BxT[:, :, None]
+      key_pos_BxL = slots_BxL
     else:
       query_pos_BxT = tree_positions(start_B, batch, tree[0])
-      self_mask_BxTxL, key_pos_BxL = tree_self_mask(start_B, batch, cache_len, *tree)
+      self_mask_BxTxL, key_pos_BxL = tree_self_mask(start_B, batch, slots_BxL, *tree)
     if self.attention_block:
       # Local attention: also mask keys before the previous block, the receptive field that
-      # `local_block_attend` gives in training. The cache stays full-length; this mask makes the paths equal.
+      # `local_block_attend` gives in training, so that the two paths are equal.
       key_block_BxL = key_pos_BxL // self.attention_block
       self_mask_BxTxL &= key_block_BxL[:, None, :] >= (query_pos_BxT // self.attention_block - 1)[:, :, None]
-    x_BxTxD = x_BxTxD + self.self_attn.attend_cache(h, k_BxHxKxL, v_BxHxLxK, self_mask_BxTxL)
+    x_BxTxD = x_BxTxD + self.self_attn.attend_cache(h, keys_BxHxKxL, values_BxHxLxK, self_mask_BxTxL)
     h = self.ln_cross(x_BxTxD)
     x_BxTxD = x_BxTxD + self.cross_attn.attend_cache(h, cache['cross_k_BxHxKxS'], cache['cross_v_BxHxSxK'],
                                                        cross_mask_BxTxS)

@@ -1,5 +1,6 @@
 """Tree-structured candidates (bpd/decoding.py, tree): topology checks, exactness on stubs and on the real model."""
 
+import dataclasses
 import functools
 
 import hypothesis
@@ -232,10 +233,14 @@ def _last_logits(model, params, src_BxS, sequences):
   return np.asarray(full)[np.arange(len(sequences)), [len(s) - 1 for s in sequences], 0]
 
 
-def test_tree_scores_match_full_recompute(toy_model):
+@pytest.mark.parametrize('attention_block', [0, 2], ids=['full', 'local'])
+def test_tree_scores_match_full_recompute(toy_model, attention_block):
   """Every node's head-1 logits equal those of its path fed as a plain sequence; after move_cache the accepted
-  path's cache is what the chain would have written (the next call continues exactly)."""
+  path's cache is what the chain would have written (the next call continues exactly). Local: the same weights
+  with local attention of 2-position blocks, so that each call reads a window of the cache (layers.key_window)
+  that starts inside the prefix and holds the whole tree."""
   model, params, _ = toy_model
+  model = model_lib.Transformer(dataclasses.replace(model.config, attention_block=attention_block))
   rng = np.random.RandomState(1)
   B = 3
   src, _ = toy_batch(rng, B)
