@@ -249,10 +249,8 @@ def key_window(start_B: jax.Array, cache_len: int, block: int, num_new: int):
 
 
 def read_rows(cache: jax.Array, first_B: jax.Array, size: int, axis: int) -> jax.Array:
-  """cache[b, ..., first_B[b] : first_B[b] + size, ...] along `axis` (write_rows' reverse); first_B may be a
-  scalar (one slice for the whole batch)."""
-  if jnp.ndim(first_B) == 0:
-    return jax.lax.dynamic_slice_in_dim(cache, first_B, size, axis)
+  """cache[b, ..., first_B[b] : first_B[b] + size, ...] along `axis`; first_B may be a scalar (every row)."""
+  first_B = jnp.broadcast_to(first_B, cache.shape[:1])
   return jax.vmap(lambda row, first: jax.lax.dynamic_slice_in_dim(row, first, size, axis - 1))(cache, first_B)
 
 

@@ -53,12 +53,14 @@ from bpd import decoding
 from bpd import errors
 from bpd import model as model_lib
 from bpd import timing
+from bpd.data import images
 from experiments import tpu_estimate
 
 # Flags exist only when this file runs as a script: importing it (tests, another script) defines none, so
 # scripts that share flag names (--config) can be imported together.
 if __name__ == '__main__':
-  _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file; its model size and vocabulary are used.')
+  _CONFIG = config_flags.DEFINE_config_file(
+      'config', None, 'Config file; its model size, vocabulary, dtype, head type and attention block are used.')
   _JSON = flags.DEFINE_string('json', None, 'Write the records here as a JSON list.')
   _KS = flags.DEFINE_list('ks', ['2', '4', '6', '8', '10'], 'Block sizes k to time.')
   _BATCH_SIZES = flags.DEFINE_list('batch_sizes', ['1', '8', '32'], 'Batch sizes to time.')
@@ -114,9 +116,12 @@ def shape_count(c: model_lib.ModelConfig, *, batch: int, new_tokens: int, cache_
 
   new_tokens = T positions per row through the decoder; projections = vectors per row projected onto the
   vocabulary; proposal_heads = heads of the multi-output layer evaluated (at one position per row).
+  With local attention (attention_block W) a call reads only its window of 2W + T cache slots (layers.key_window).
   Returns {'flops', 'weight_bytes', 'cache_bytes', 'bytes'}.
   """
   d, f, v = c.d_model, c.d_ff, c.vocab_size
+  if c.attention_block:
+    cache_len = min(cache_len, 2 * c.attention_block + new_tokens)
   head_f = c.head_hidden or f
   # Per position and decoder layer: self q, k, v, out (4 d²), cross q, out (2 d²; cross keys/values are cached),
   # feed-forward (2 d f), attention over the whole cache and the source (scores and weighted sum: 2 L d + 2 S d).
@@ -314,12 +319,15 @@ def main(argv):
   config = _CONFIG.value
   k_values = [int(k) for k in _KS.value]
   tpu_sizes = _TPU_SIZES.value or ([config.model.size] if _TPU.value else [])
+  # Images: the pixel vocabulary (config.data.vocab_size is SentencePiece's, unused there).
+  vocab_size = images.IMAGE_VOCAB_SIZE if config.data.source == 'images' else config.data.vocab_size
   # First, so that a missing libtpu or a bad name stops the command before it measures anything.
-  chip_devices, tpu_configs = tpu_setup(_TPU.value, tpu_sizes, config.data.vocab_size, max(k_values),
+  chip_devices, tpu_configs = tpu_setup(_TPU.value, tpu_sizes, vocab_size, max(k_values),
                                         _HEAD_HIDDEN.value)
-  model_config = model_lib.model_config(config.model.size, vocab_size=config.data.vocab_size, k=max(k_values),
+  model_config = model_lib.model_config(config.model.size, vocab_size=vocab_size, k=max(k_values),
                                         dropout_rate=0.0, dtype=config.model.dtype, head_hidden=_HEAD_HIDDEN.value,
-                                        head_type=config.model.head_type)
+                                        head_type=config.model.head_type,
+                                        attention_block=config.model.attention_block)
   model = model_lib.Transformer(model_config)
   params = model_lib.init_params(model_config, jax.random.PRNGKey(0))
   peaks = machine_peaks()
