@@ -250,6 +250,8 @@ def key_window(start_B: jax.Array, cache_len: int, block: int, num_new: int):
 
 def read_rows(cache: jax.Array, first_B: jax.Array, size: int, axis: int) -> jax.Array:
   """cache[b, ..., first_B[b] : first_B[b] + size, ...] along `axis`; first_B may be a scalar (every row)."""
+  # Per row even for a scalar: one slice of the whole batch, read right after write_rows' update, made XLA's CPU
+  # backend copy the whole cache on every greedy step (experiments/bench_decode.py on an image config).
   first_B = jnp.broadcast_to(first_B, cache.shape[:1])
   return jax.vmap(lambda row, first: jax.lax.dynamic_slice_in_dim(row, first, size, axis - 1))(cache, first_B)
 
