@@ -1,6 +1,7 @@
 r"""Independent (the paper's) against sequential (Hydra-style) proposal heads at equal steps, on the demo.
 
   python -m experiments.heads_study --workdir=runs/heads --plot=docs/heads_demo_block_vs_steps.png
+  python -m experiments.heads_study --curves=independent=DIR1,sequential=DIR2 --plot=FIG   # models trained elsewhere
 
 Stages (each skipped when done, so an interrupted study resumes; each one a `python -m bpd.main` run):
   1. the demo's base Transformer (k = 1), once                                        WORKDIR/base
@@ -47,6 +48,11 @@ _BASE_STEPS = flags.DEFINE_integer('base_steps', demo.BASE_STEPS, 'Training step
 _HEAD_STEPS = flags.DEFINE_integer('head_steps', demo.HEAD_STEPS, 'Fine-tuning steps with k heads, per head type.')
 _K = flags.DEFINE_integer('k', 4, 'Heads of the fine-tuned models.')
 _PLOT = flags.DEFINE_string('plot', '', 'Where to draw exact block and agreement against head-training steps.')
+_CURVES = flags.DEFINE_list(
+    'curves', [], 'Only compare the training-time curves of models trained elsewhere, e.g. by the translation study: '
+    'independent=DIR,sequential=DIR (each a k-head model workdir with the agreement diagnostic in its '
+    'metrics.jsonl); prints the table of both curves and draws --plot; trains and decodes nothing.')
+_TITLE = flags.DEFINE_string('title', '', 'The figure title of a --curves comparison.')
 
 
 def heads_config(head_type, k, steps, base_dir):
@@ -104,13 +110,14 @@ def test_agreement(workdir, k, head_steps) -> dict:
   return out
 
 
-def plot(workdir, k, path):
-  """Exact block (left) and agreement of heads 2..k (right) against head-training steps, both head types."""
+def plot(dirs, k, path, title):
+  """Exact block (left) and agreement of heads 2..5 (right) against head-training steps, one colour per head type.
+
+  dirs: {head_type: model workdir}; the curves are the eval rows of each workdir's metrics.jsonl."""
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
   colours = {'independent': 'tab:blue', 'sequential': 'tab:red'}
-  for head_type in HEAD_TYPES:
-    rows = [r for r in metrics.read_scalars(os.path.join(workdir, f'k{k}_{head_type}'), 'eval')
-            if 'exact_block_size' in r]
+  for head_type, workdir in dirs.items():
+    rows = curve(workdir)
     steps = [r['step'] for r in rows]
     axes[0].plot(steps, [r['exact_block_size'] for r in rows], marker='o', color=colours[head_type],
                  label=head_type)
@@ -124,10 +131,31 @@ def plot(workdir, k, path):
   for ax in axes:
     ax.set_xlabel('head-training steps (fine-tuning)')
     ax.grid(alpha=0.3)
-  fig.suptitle(f'demo: {k} heads fine-tuned from one base, independent vs sequential (val, first 256 sentences)')
+  fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def curve(workdir) -> list[dict]:
+  """The training-time diagnostic of a k-head model: its eval rows that carry the exact block size."""
+  return [r for r in metrics.read_scalars(workdir, 'eval') if 'exact_block_size' in r]
+
+
+def curves_table(dirs, k) -> str:
+  """Exact block and agreement of heads 2 and 3 at every evaluated step, one column group per head type."""
+  rows = {head_type: {r['step']: r for r in curve(workdir)} for head_type, workdir in dirs.items()}
+  steps = sorted(set().union(*rows.values()))
+  lines = ['| step | ' + ' | '.join(f'{t}: exact block k={k} | {t}: head 2 | {t}: head 3' for t in dirs) + ' |',
+           '|---' * (1 + 3 * len(dirs)) + '|']
+  for step in steps:
+    cells = []
+    for head_type in dirs:
+      r = rows[head_type].get(step)
+      cells += ([f"{r['exact_block_size']:.2f}", f"{r.get('agreement_head2', float('nan')):.3f}",
+                 f"{r.get('agreement_head3', float('nan')):.3f}"] if r else ['', '', ''])
+    lines.append(f'| {step} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
 
 
 def table(records, agreement, k) -> str:
@@ -150,17 +178,49 @@ def table(records, agreement, k) -> str:
   return '\n'.join(lines)
 
 
+def parse_curves(items) -> dict:
+  """['independent=DIR', 'sequential=DIR'] -> {head_type: DIR}, each checked."""
+  dirs = {}
+  for item in items:
+    head_type, sep, workdir = item.partition('=')
+    if not sep or head_type not in HEAD_TYPES:
+      raise UserError(f'--curves: "{item}" is not HEAD_TYPE=DIR with HEAD_TYPE one of {HEAD_TYPES}; write e.g. '
+                      '--curves=independent=runs/a/finetune_distilled,sequential=runs/b/finetune_distilled.')
+    if not curve(workdir):
+      raise UserError(f'--curves: {os.path.join(workdir, metrics.JSONL)} has no eval rows with exact_block_size: '
+                      'train the model with a diagnostic (train.eval_every > 0, k > 1) first.')
+    dirs[head_type] = workdir
+  return dirs
+
+
+def compare_curves(items, plot_path, title):
+  dirs = parse_curves(items)
+  k = max(checkpoint.read_model_config(workdir).k for workdir in dirs.values())
+  print(curves_table(dirs, k))
+  if plot_path:
+    plot(dirs, k, plot_path, title or f'{k} heads: ' + ' vs '.join(dirs) + ' (eval split diagnostic)')
+
+
 def main(argv):
   del argv
   metrics.quiet_library_logs()
+  if _CURVES.value:
+    try:
+      compare_curves(_CURVES.value, _PLOT.value, _TITLE.value)
+    except UserError as e:
+      print(f'error: {e}', file=sys.stderr)
+      sys.exit(2)
+    return
   try:
     records, wall = run_stages(_WORKDIR.value, _BASE_STEPS.value, _HEAD_STEPS.value, _K.value)
     agreement = test_agreement(_WORKDIR.value, _K.value, _HEAD_STEPS.value)
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
+  dirs = {head_type: os.path.join(_WORKDIR.value, f'k{_K.value}_{head_type}') for head_type in HEAD_TYPES}
   if _PLOT.value:
-    plot(_WORKDIR.value, _K.value, _PLOT.value)
+    plot(dirs, _K.value, _PLOT.value,
+         f'demo: {_K.value} heads fine-tuned from one base, independent vs sequential (val, first 256 sentences)')
   curves = {head_type: metrics.read_scalars(os.path.join(_WORKDIR.value, f'k{_K.value}_{head_type}'), 'eval')
             for head_type in HEAD_TYPES}
   with open(os.path.join(_WORKDIR.value, 'heads_study.json'), 'w') as f:
