@@ -43,16 +43,18 @@ from configs import demo
 
 HEAD_TYPES = model_lib.HEAD_TYPES
 
-_WORKDIR = flags.DEFINE_string('workdir', 'runs/heads', 'Where the stages write.')
-_BASE_STEPS = flags.DEFINE_integer('base_steps', demo.BASE_STEPS, 'Training steps of the base model.')
-_HEAD_STEPS = flags.DEFINE_integer('head_steps', demo.HEAD_STEPS, 'Fine-tuning steps with k heads, per head type.')
-_K = flags.DEFINE_integer('k', 4, 'Heads of the fine-tuned models.')
-_PLOT = flags.DEFINE_string('plot', '', 'Where to draw exact block and agreement against head-training steps.')
-_CURVES = flags.DEFINE_list(
-    'curves', [], 'Only compare the training-time curves of models trained elsewhere, e.g. by the translation study: '
-    'independent=DIR,sequential=DIR (each a k-head model workdir with the agreement diagnostic in its '
-    'metrics.jsonl); prints the table of both curves and draws --plot; trains and decodes nothing.')
-_TITLE = flags.DEFINE_string('title', '', 'The figure title of a --curves comparison.')
+# Flags exist only when this file runs as a script: importing it (tests, another script) defines none.
+if __name__ == '__main__':
+  _WORKDIR = flags.DEFINE_string('workdir', 'runs/heads', 'Where the stages write.')
+  _BASE_STEPS = flags.DEFINE_integer('base_steps', demo.BASE_STEPS, 'Training steps of the base model.')
+  _HEAD_STEPS = flags.DEFINE_integer('head_steps', demo.HEAD_STEPS, 'Fine-tuning steps with k heads, per head type.')
+  _K = flags.DEFINE_integer('k', 4, 'Heads of the fine-tuned models.')
+  _PLOT = flags.DEFINE_string('plot', '', 'Where to draw exact block and agreement against head-training steps.')
+  _CURVES = flags.DEFINE_list(
+      'curves', [], 'Only compare the training-time curves of models trained elsewhere, e.g. by the translation study: '
+      'independent=DIR,sequential=DIR (each a k-head model workdir with the agreement diagnostic in its '
+      'metrics.jsonl); prints the table of both curves and draws --plot; trains and decodes nothing.')
+  _TITLE = flags.DEFINE_string('title', '', 'The figure title of a --curves comparison.')
 
 
 def heads_config(head_type, k, steps, base_dir):

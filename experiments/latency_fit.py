@@ -29,13 +29,15 @@ from bpd import tasks
 from bpd.data import batching
 from bpd.errors import UserError
 
-_CONFIG = errors.define_config_file('config', 'configs/demo.py:regime=finetune,k=4', 'The decode config.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The k-head model.', required=True)
-_SPLIT = flags.DEFINE_string('split', '', "The split (default: the config's first decode split).")
-_K = flags.DEFINE_integer('k', 4, "Heads k' of the blockwise decoder.")
-_CRITERION = flags.DEFINE_string('criterion', 'exact', 'Acceptance criterion.')
-_EXAMPLES = flags.DEFINE_integer('examples', 100, 'Sentences to decode, from the first.')
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'Passes over the sentences.')
+# Flags exist only when this file runs as a script: importing it (tests, another script) defines none.
+if __name__ == '__main__':
+  _CONFIG = errors.define_config_file('config', 'configs/demo.py:regime=finetune,k=4', 'The decode config.')
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'The k-head model.', required=True)
+  _SPLIT = flags.DEFINE_string('split', '', "The split (default: the config's first decode split).")
+  _K = flags.DEFINE_integer('k', 4, "Heads k' of the blockwise decoder.")
+  _CRITERION = flags.DEFINE_string('criterion', 'exact', 'Acceptance criterion.')
+  _EXAMPLES = flags.DEFINE_integer('examples', 100, 'Sentences to decode, from the first.')
+  _REPEATS = flags.DEFINE_integer('repeats', 3, 'Passes over the sentences.')
 
 
 def fit(steps, seconds):

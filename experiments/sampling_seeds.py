@@ -24,13 +24,15 @@ from bpd import sharding
 from bpd import tasks
 from bpd.errors import UserError
 
-_CONFIG = errors.define_config_file('config', 'configs/multi30k_ende.py:k=10,regime=finetune', 'The decode config.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The k-head model to sample from.', required=True)
-_SPLIT = flags.DEFINE_string('split', '', 'The split (default: the config\'s first decode split).')
-_TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature (> 0).')
-_SEEDS = flags.DEFINE_string('seeds', '0-4', 'Seeds as FIRST-LAST (inclusive).')
-_KS = flags.DEFINE_list('ks', ['1', '4'], "Heads k' of the speculative sampler.")
-_BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Decode batch size.')
+# Flags exist only when this file runs as a script: importing it (tests, another script) defines none.
+if __name__ == '__main__':
+  _CONFIG = errors.define_config_file('config', 'configs/multi30k_ende.py:k=10,regime=finetune', 'The decode config.')
+  _WORKDIR = flags.DEFINE_string('workdir', None, 'The k-head model to sample from.', required=True)
+  _SPLIT = flags.DEFINE_string('split', '', 'The split (default: the config\'s first decode split).')
+  _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature (> 0).')
+  _SEEDS = flags.DEFINE_string('seeds', '0-4', 'Seeds as FIRST-LAST (inclusive).')
+  _KS = flags.DEFINE_list('ks', ['1', '4'], "Heads k' of the speculative sampler.")
+  _BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Decode batch size.')
 
 
 def parse_seeds(text) -> range:

@@ -41,3 +41,12 @@ def test_bad_curves_are_clear_errors(tmp_path, item, message):
   _write_curve(empty, {})
   with pytest.raises(UserError, match=message):
     heads_study.parse_curves([item.format(empty=empty)])
+
+
+def test_imported_scripts_import_together():
+  """The scripts the tests import define their absl flags only when run: imported into one process (as a test
+  worker does with several test files) they must not define a flag twice."""
+  import importlib
+  for name in ('bench_decode', 'bench_trees', 'choose_tree', 'heads_study', 'latency_fit', 'preflight',
+               'profile_decode', 'sampling_seeds', 'superres_study', 'translation_study'):
+    importlib.import_module(f'experiments.{name}')
