@@ -180,6 +180,15 @@ def _fields(record) -> str:
   return ', '.join(f'{key} {value:.3f}' for key, value in record.items())
 
 
+def load_for_decoding(config, workdir: str, task, mesh=None):
+  """The newest checkpoint in `workdir` ready to decode as the sweep decodes it: (model_config, params, step,
+  tokenizer, decoder), the decoder at config.decode.max_len with the task's EOS (images: none)."""
+  model_config, params, step = checkpoint.load_params(workdir, mesh=mesh)
+  decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh,
+                                eos_id=task.eos_id)
+  return model_config, params, step, task.tokenizer_for_decoding(workdir), decoder
+
+
 def decode_sweep(config, workdir: str) -> list[dict]:
   """The `--mode=decode` sweep over the newest checkpoint in `workdir`; writes {workdir}/decode/*."""
   precision = checks.check_matmul_precision(config)
@@ -200,10 +209,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
                            config.decode.temperature, config.decode.seed, config.decode.timing_examples,
                            config.decode.timing_repeats, config.decode.sample_top_k, config.decode.sample_top_p)
   mesh = sharding.make_mesh(config.model_axis_size)
-  _, params, step = checkpoint.load_params(workdir, mesh=mesh)
-  tokenizer = task.tokenizer_for_decoding(workdir)
-  decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh,
-                                eos_id=task.eos_id)
+  _, params, step, tokenizer, decoder = load_for_decoding(config, workdir, task, mesh)
   out_dir = os.path.join(workdir, decoder_lib.DECODE_DIR)
   if jax.process_index() == 0:
     os.makedirs(out_dir, exist_ok=True)

@@ -33,6 +33,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import evaluate
 from bpd import metrics
 from bpd import model as model_lib
@@ -100,14 +101,13 @@ def test_agreement(workdir, k, head_steps) -> dict:
   for head_type in HEAD_TYPES:
     heads_dir = os.path.join(workdir, f'k{k}_{head_type}')
     config = heads_config(head_type, k, head_steps, os.path.join(workdir, 'base'))
-    model_config, params, _ = checkpoint.load_params(heads_dir)
     task = tasks.for_config(config)
-    tokenizer = task.tokenizer_for_decoding(heads_dir)
+    _, params, _, tokenizer, decoder = evaluate.load_for_decoding(config, heads_dir, task,
+                                                                  train.sharding.make_mesh(1))
     src_ids, _, _ = task.decode_examples(config, 'test', tokenizer)
-    model = model_lib.Transformer(model_config)
-    decoder = evaluate.Decoder(model, config.decode.max_len, mesh=train.sharding.make_mesh(1))
-    greedy_ids = evaluate.run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, 32)[0]
-    out[head_type] = train.agreement_with_greedy(train.make_eval_step(model, label_smoothing=0.0, mesh=decoder.mesh),
+    greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, 32)[0]
+    out[head_type] = train.agreement_with_greedy(train.make_eval_step(decoder.model, label_smoothing=0.0,
+                                                                      mesh=decoder.mesh),
                                                  params, src_ids, greedy_ids, 32, decoder.mesh)
   return out
 
@@ -223,8 +223,7 @@ def main(argv):
   if _PLOT.value:
     plot(dirs, _K.value, _PLOT.value,
          f'demo: {_K.value} heads fine-tuned from one base, independent vs sequential (val, first 256 sentences)')
-  curves = {head_type: metrics.read_scalars(os.path.join(_WORKDIR.value, f'k{_K.value}_{head_type}'), 'eval')
-            for head_type in HEAD_TYPES}
+  curves = {head_type: metrics.read_scalars(heads_dir, 'eval') for head_type, heads_dir in dirs.items()}
   with open(os.path.join(_WORKDIR.value, 'heads_study.json'), 'w') as f:
     json.dump({'records': records, 'test_agreement': agreement, 'curves': curves, 'wall_s': wall}, f, indent=1)
   print(table(records, agreement, _K.value))

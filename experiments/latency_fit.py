@@ -18,12 +18,11 @@ from absl import flags
 import jax
 import numpy as np
 
-from bpd import checkpoint
 from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import errors
+from bpd import evaluate
 from bpd import metrics
-from bpd import model as model_lib
 from bpd import sharding
 from bpd import tasks
 from bpd.data import batching
@@ -51,19 +50,17 @@ def main(argv):
   del argv
   metrics.quiet_library_logs()
   config, workdir = _CONFIG.value, _WORKDIR.value
+  task = tasks.for_config(config)
   try:
     criterion = decoding.parse_criterion(_CRITERION.value)
-    model_config, params, _ = checkpoint.load_params(workdir)
+    model_config, params, _, tokenizer, decoder = evaluate.load_for_decoding(config, workdir, task,
+                                                                             sharding.make_mesh(1))
     if not 1 < _K.value <= model_config.k:
       raise UserError(f'--k={_K.value}: choose 2..{model_config.k} (the heads of the model in {workdir}).')
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  task = tasks.for_config(config)
-  tokenizer = task.tokenizer_for_decoding(workdir)
   src_ids = task.decode_examples(config, _SPLIT.value or config.decode.splits[0], tokenizer)[0][:_EXAMPLES.value]
-  decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len,
-                                mesh=sharding.make_mesh(1))
   batches = [src for _, src in batching.eval_batches(src_ids, None, 1, (decoder_lib.source_bucket(src_ids),))]
 
   def greedy(src_1xS):

@@ -15,11 +15,10 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from bpd import checkpoint
 from bpd import decoder as decoder_lib
 from bpd import errors
+from bpd import evaluate
 from bpd import metrics
-from bpd import model as model_lib
 from bpd import sharding
 from bpd import tasks
 from bpd.errors import UserError
@@ -50,22 +49,20 @@ def main(argv):
   del argv
   metrics.quiet_library_logs()
   config, workdir, temperature = _CONFIG.value, _WORKDIR.value, _TEMPERATURE.value
+  task = tasks.for_config(config)
   try:
     seeds, ks = parse_seeds(_SEEDS.value), [int(k) for k in _KS.value]
     if temperature <= 0:
       raise UserError(f'--temperature={temperature}: sampling needs a temperature > 0.')
-    model_config, params, _ = checkpoint.load_params(workdir)
+    model_config, params, _, tokenizer, decoder = evaluate.load_for_decoding(config, workdir, task,
+                                                                             sharding.make_mesh(1))
     if max(ks) > model_config.k:
       raise UserError(f'--ks={_KS.value}: the model in {workdir} has k={model_config.k} heads.')
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
-  task = tasks.for_config(config)
-  tokenizer = task.tokenizer_for_decoding(workdir)
   split = _SPLIT.value or config.decode.splits[0]
   src_ids, references, _ = task.decode_examples(config, split, tokenizer)
-  decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len,
-                                mesh=sharding.make_mesh(1))
   bucket = decoder_lib.source_bucket(src_ids)
 
   def score(fn):
