@@ -43,8 +43,9 @@ JSONL = 'metrics.jsonl'
 
 def read_scalars(workdir: str, prefix: str) -> list[dict]:
   """The rows of {workdir}/metrics.jsonl with this prefix ('train' or 'eval'), by step; a step logged twice
-  (a run resumed from an earlier checkpoint) keeps its last row."""
-  path = os.path.join(workdir, JSONL)
+  (a run resumed from an earlier checkpoint) keeps its last row. workdir may also name a .jsonl file of such
+  rows itself (a curve kept in docs/results/curves/ after its model is gone)."""
+  path = workdir if workdir.endswith('.jsonl') else os.path.join(workdir, JSONL)
   if not os.path.exists(path):
     return []
   rows = {}

@@ -3,6 +3,10 @@ r"""Independent (the paper's) against sequential (Hydra-style) proposal heads at
   python -m experiments.heads_study --workdir=runs/heads --plot=docs/heads_demo_block_vs_steps.png
   python -m experiments.heads_study --curves=independent=DIR1,sequential=DIR2 --plot=FIG   # models trained elsewhere
 
+A --curves entry is a k-head model workdir (its metrics.jsonl) or a .jsonl file of its eval rows, which outlives
+the model: docs/results/curves/ keeps those of the documented runs, made with
+  grep '"prefix": "eval"' WORKDIR/metrics.jsonl > docs/results/curves/NAME.jsonl
+
 Stages (each skipped when done, so an interrupted study resumes; each one a `python -m bpd.main` run):
   1. the demo's base Transformer (k = 1), once                                        WORKDIR/base
   2. k heads fine-tuned from it with the demo's recipe, once per head type, same seed, same steps, same batches:
@@ -54,7 +58,7 @@ if __name__ == '__main__':
   _CURVES = flags.DEFINE_list(
       'curves', [], 'Only compare the training-time curves of models trained elsewhere, e.g. by the translation study: '
       'independent=DIR,sequential=DIR (each a k-head model workdir with the agreement diagnostic in its '
-      'metrics.jsonl); prints the table of both curves and draws --plot; trains and decodes nothing.')
+      'metrics.jsonl, or a .jsonl file of its eval rows, e.g. docs/results/curves/*.jsonl); prints the table of both curves and draws --plot; trains and decodes nothing.')
   _TITLE = flags.DEFINE_string('title', '', 'The figure title of a --curves comparison.')
 
 
@@ -140,8 +144,17 @@ def plot(dirs, k, path, title):
 
 
 def curve(workdir) -> list[dict]:
-  """The training-time diagnostic of a k-head model: its eval rows that carry the exact block size."""
+  """The training-time diagnostic of a k-head model: its eval rows that carry the exact block size.
+  workdir: the model's workdir, or a .jsonl file of its eval rows (metrics.read_scalars)."""
   return [r for r in metrics.read_scalars(workdir, 'eval') if 'exact_block_size' in r]
+
+
+def curve_k(workdir) -> int:
+  """The heads of a curve's model: from its model.json, or for a .jsonl file the highest head with agreement."""
+  if not workdir.endswith('.jsonl'):
+    return checkpoint.read_model_config(workdir).k
+  return max(int(key[len('agreement_head'):]) for row in curve(workdir) for key in row
+             if key.startswith('agreement_head'))
 
 
 def curves_table(dirs, k) -> str:
@@ -189,7 +202,8 @@ def parse_curves(items) -> dict:
       raise UserError(f'--curves: "{item}" is not HEAD_TYPE=DIR with HEAD_TYPE one of {HEAD_TYPES}; write e.g. '
                       '--curves=independent=runs/a/finetune_distilled,sequential=runs/b/finetune_distilled.')
     if not curve(workdir):
-      raise UserError(f'--curves: {os.path.join(workdir, metrics.JSONL)} has no eval rows with exact_block_size: '
+      path = workdir if workdir.endswith('.jsonl') else os.path.join(workdir, metrics.JSONL)
+      raise UserError(f'--curves: {path} has no eval rows with exact_block_size: '
                       'train the model with a diagnostic (train.eval_every > 0, k > 1) first.')
     dirs[head_type] = workdir
   return dirs
@@ -197,7 +211,7 @@ def parse_curves(items) -> dict:
 
 def compare_curves(items, plot_path, title):
   dirs = parse_curves(items)
-  k = max(checkpoint.read_model_config(workdir).k for workdir in dirs.values())
+  k = max(curve_k(workdir) for workdir in dirs.values())
   print(curves_table(dirs, k))
   if plot_path:
     plot(dirs, k, plot_path, title or f'{k} heads: ' + ' vs '.join(dirs) + ' (eval split diagnostic)')

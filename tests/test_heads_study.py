@@ -50,3 +50,21 @@ def test_imported_scripts_import_together():
   for name in ('bench_decode', 'bench_trees', 'choose_tree', 'heads_study', 'latency_fit', 'preflight',
                'profile_decode', 'sampling_seeds', 'superres_study', 'translation_study'):
     importlib.import_module(f'experiments.{name}')
+
+
+def test_curves_read_a_kept_jsonl_file_and_its_heads(tmp_path):
+  """A curve kept in docs/results/curves/ (the eval rows alone, the model gone) reads like its workdir, and its k is
+  the highest head with an agreement column; the committed curves themselves parse."""
+  workdir = str(tmp_path / 'seq')
+  _write_curve(workdir, {200: 1.75, 400: 2.5})
+  kept = str(tmp_path / 'seq.jsonl')
+  with open(os.path.join(workdir, metrics.JSONL), encoding='utf-8') as f, open(kept, 'w', encoding='utf-8') as out:
+    out.writelines(line for line in f if '"eval"' in line)
+  assert heads_study.curve(kept) == heads_study.curve(workdir)
+  assert heads_study.curve_k(kept) == 3
+  with pytest.raises(UserError, match='no eval rows'):
+    heads_study.parse_curves([f'sequential={tmp_path / "missing.jsonl"}'])
+  curves = os.path.join(os.path.dirname(__file__), '..', 'docs', 'results', 'curves')
+  for name in sorted(os.listdir(curves)):
+    rows = heads_study.curve(os.path.join(curves, name))
+    assert rows and heads_study.curve_k(os.path.join(curves, name)) == 10, name
