@@ -41,11 +41,16 @@ class Writer:
 JSONL = 'metrics.jsonl'
 
 
+def jsonl_path(workdir: str) -> str:
+  """{workdir}/metrics.jsonl, or workdir itself when it names a .jsonl file of such rows (a curve kept in
+  docs/results/curves/ after its model is gone)."""
+  return workdir if workdir.endswith('.jsonl') else os.path.join(workdir, JSONL)
+
+
 def read_scalars(workdir: str, prefix: str) -> list[dict]:
   """The rows of {workdir}/metrics.jsonl with this prefix ('train' or 'eval'), by step; a step logged twice
-  (a run resumed from an earlier checkpoint) keeps its last row. workdir may also name a .jsonl file of such
-  rows itself (a curve kept in docs/results/curves/ after its model is gone)."""
-  path = workdir if workdir.endswith('.jsonl') else os.path.join(workdir, JSONL)
+  (a run resumed from an earlier checkpoint) keeps its last row. workdir may also name a .jsonl file (jsonl_path)."""
+  path = jsonl_path(workdir)
   if not os.path.exists(path):
     return []
   rows = {}

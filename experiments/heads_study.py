@@ -58,7 +58,8 @@ if __name__ == '__main__':
   _CURVES = flags.DEFINE_list(
       'curves', [], 'Only compare the training-time curves of models trained elsewhere, e.g. by the translation study: '
       'independent=DIR,sequential=DIR (each a k-head model workdir with the agreement diagnostic in its '
-      'metrics.jsonl, or a .jsonl file of its eval rows, e.g. docs/results/curves/*.jsonl); prints the table of both curves and draws --plot; trains and decodes nothing.')
+      'metrics.jsonl, or a .jsonl file of its eval rows, e.g. docs/results/curves/*.jsonl); prints the table of '
+      'both curves and draws --plot; trains and decodes nothing.')
   _TITLE = flags.DEFINE_string('title', '', 'The figure title of a --curves comparison.')
 
 
@@ -202,8 +203,7 @@ def parse_curves(items) -> dict:
       raise UserError(f'--curves: "{item}" is not HEAD_TYPE=DIR with HEAD_TYPE one of {HEAD_TYPES}; write e.g. '
                       '--curves=independent=runs/a/finetune_distilled,sequential=runs/b/finetune_distilled.')
     if not curve(workdir):
-      path = workdir if workdir.endswith('.jsonl') else os.path.join(workdir, metrics.JSONL)
-      raise UserError(f'--curves: {path} has no eval rows with exact_block_size: '
+      raise UserError(f'--curves: {metrics.jsonl_path(workdir)} has no eval rows with exact_block_size: '
                       'train the model with a diagnostic (train.eval_every > 0, k > 1) first.')
     dirs[head_type] = workdir
   return dirs
