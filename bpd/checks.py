@@ -11,6 +11,7 @@ import tempfile
 from absl import logging
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import model as model_lib
 from bpd import speculative
@@ -114,17 +115,26 @@ def check_matmul_precision(config) -> str:
   return precision
 
 
-def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding.Criterion]]:
-  """The (k', criterion) pairs of the sweep; UserError for a bad criterion or a k' beyond the checkpoint's k."""
-  dc = config.decode
+def check_decode(config, workdir: str, model_config) -> list:
+  """The blockwise settings of the sweep, one list of decoder.Setting: every k' of config.decode.ks with every
+  criterion (chains), then every tree of config.decode.trees with every criterion. UserError for a bad criterion,
+  tree or value, or a k' beyond the checkpoint's k, before anything compiles; settings that cannot run (min_block
+  above k', a tree without the rank-0 path a min_block forces, sampling on a tree with several roots) are left
+  out, logged."""
+  dc, model_k = config.decode, model_config.k
   # A plain Transformer (k = 1) has no proposal heads: of a blockwise sweep only the k' = 1 settings can run
   # (the rest are left out, logged); ks and criteria are still checked for typos.
   for k in dc.ks:
     if k < 1 or (model_k > 1 and k > model_k):
       raise UserError(f'config.decode.ks contains {k}, but the checkpoint in {workdir} has k={model_k} heads: '
                       f'a sweep can use k\' = 1..{model_k} heads. Drop {k} or train a model with more heads.')
-  criteria = [speculative.parse_decode_criterion(spec, k=model_k if model_k > 1 else None)  # raises on a bad spec
-              for spec in dc.criteria]
+  temperature = dc.temperature
+  if temperature < 0:
+    raise UserError(f'config.decode.temperature={temperature} must be >= 0 (0: no sampling; 1: the model\'s own '
+                    'distribution; below 1 sharper).')
+  speculative.check_truncation(dc.sample_top_k, dc.sample_top_p)
+  rules = [speculative.parse_rule(spec, k=model_k if model_k > 1 else None, temperature=temperature,  # raises
+                                  top_k=dc.sample_top_k, top_p=dc.sample_top_p) for spec in dc.criteria]
   for field in ('batch_sizes',):
     if any(b < 1 for b in dc[field]):
       raise UserError(f'config.decode.{field}={tuple(dc[field])}: batch sizes must be at least 1.')
@@ -137,36 +147,38 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
                     f'config.decode.timing_examples={dc.timing_examples} >= 0 (0 = time every example).')
   if dc.batch1_examples < 0:
     raise UserError(f'config.decode.batch1_examples={dc.batch1_examples} must be >= 0 (0 = every example).')
-  temperature = dc.temperature
-  if temperature < 0:
-    raise UserError(f'config.decode.temperature={temperature} must be >= 0 (0: no sampling; 1: the model\'s own '
-                    'distribution; below 1 sharper).')
-  speculative.check_truncation(dc.sample_top_k, dc.sample_top_p)
   if (dc.sample_top_k or dc.sample_top_p < 1.0) and temperature <= 0:
     raise UserError(f'config.decode.sample_top_k={dc.sample_top_k} / sample_top_p={dc.sample_top_p} truncate '
                     'sampling, but config.decode.temperature is 0 (no sampling): set '
                     '--config.decode.temperature=T > 0 or leave them at 0 / 1.')
-  if speculative.CRITERION in criteria and temperature <= 0:
-    raise UserError(f'config.decode.criteria contains {speculative.CRITERION!r}, which samples at '
-                    'config.decode.temperature, but the temperature is 0: set --config.decode.temperature=T > 0 '
-                    '(1: the model\'s own distribution) or drop the criterion.')
+  sampling = [str(rule) for rule in rules if isinstance(rule, speculative.Sampling)]
+  if sampling and temperature <= 0:
+    raise UserError(f'config.decode.criteria contains {sampling[0]!r}, which samples at config.decode.temperature, '
+                    'but the temperature is 0: set --config.decode.temperature=T > 0 (1: the model\'s own '
+                    'distribution) or drop the criterion.')
+  trees_ = _check_trees(config, workdir, model_config)
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
   check_workdir(workdir)
-  # min_block:l only makes sense where l <= k'; those pairs are left out of the sweep (and logged).
-  sweep = [(k, c) for k in dc.ks for c in criteria if getattr(c, 'min_block', 1) <= k and k <= model_k]
-  if model_k == 1 and len(sweep) < len(dc.ks) * len(criteria):
+  settings = []
+  chains = [(str(k), decoder_lib.chain(k), 'chain') for k in dc.ks if k <= model_k]
+  for what, tree, spec in chains + trees_:
+    for rule in rules:
+      try:
+        rule.check(tree)
+      except UserError as e:  # e.g. min_block above k', or a forced path the tree lacks: left out
+        logging.info('Left out of the sweep: %s with %s on %s (%s).', rule, spec, what, e)
+        continue
+      settings.append(decoder_lib.Setting(rule=rule, tree=tree, spec=spec))
+  if model_k == 1 and len(settings) < len(dc.ks) * len(rules):
     logging.info('The model in %s has k=1 (no proposal heads): the sweep keeps only k\'=1 (greedy is always '
                  'decoded).', workdir)
-  return sweep
+  return settings
 
 
-def check_trees(config, workdir: str, model_k: int,
-                head_type: str = 'independent') -> list[tuple[str, tuple | None, decoding.Criterion]]:
-  """The tree settings of the sweep, (spec, topology, criterion) for config.decode.trees x config.decode.criteria
-  (bpd/trees.py; topology None for 'chain', decoded by blockwise); UserError for a bad spec, for a missing
-  WORKDIR/trees.json, for images or for a plain model, before anything compiles. Criteria whose min_block the
-  tree cannot force (it lacks the rank-0 path of that length) are left out, logged."""
-  specs = tuple(config.decode.trees)
+def _check_trees(config, workdir: str, model_config) -> list:
+  """(what, tree, spec) for every spec of config.decode.trees (bpd/trees.py); UserError for a bad spec, for a
+  missing WORKDIR/trees.json, for images, for a plain model or for static trees with sequential heads."""
+  specs, model_k = tuple(config.decode.trees), model_config.k
   if not specs:
     return []
   if config.data.source == 'images':
@@ -175,28 +187,19 @@ def check_trees(config, workdir: str, model_k: int,
   if model_k < 2:
     raise UserError(f'config.decode.trees={specs}: the model in {workdir} has k=1, no proposal heads to build a tree '
                     'from. Train heads first (config.train.regime=frozen or finetune).')
-  settings = []
+  out = []
   for spec in specs:
-    paths = trees.parse_tree_spec(spec, model_k, workdir)
-    if paths is not None and head_type == 'sequential':  # 'chain' (None) is the blockwise loop, which it supports
+    tree = trees.parse_tree_spec(spec, model_k, workdir, model_config.vocab_size)
+    if not tree_runs_on(tree, model_config.head_type):
       raise UserError(f'config.decode.trees={specs}, and the model in {workdir} has sequential heads. '
                       + model_lib.SEQUENTIAL_TREES)
-    zero_path_D = None if paths is None else decoding.tree_layout(paths)['zero_path_D']
-    for spec_c in config.decode.criteria:
-      criterion = speculative.parse_decode_criterion(spec_c, k=model_k)
-      if criterion == speculative.CRITERION:
-        if paths is not None and [p for p in paths if len(p) == 1] != [(0,)]:
-          logging.info('Tree %s has several roots; speculative sampling needs the single root (0,): left out.', spec)
-          continue
-        settings.append((spec, paths, criterion))
-        continue
-      if zero_path_D is not None and criterion.min_block > 1 and (
-          criterion.min_block > len(zero_path_D) or zero_path_D[criterion.min_block - 1] < 0):
-        logging.info('Tree %s lacks the rank-0 path of %d nodes that %s forces: left out.', spec,
-                     criterion.min_block, criterion)
-        continue
-      settings.append((spec, paths, criterion))
-  return settings
+    out.append((spec, tree, spec))
+  return out
+
+
+def tree_runs_on(tree, head_type: str) -> bool:
+  """Whether the model's heads can draft this tree: sequential heads draft one path (a chain) only."""
+  return head_type != 'sequential' or (isinstance(tree, decoding.Layout) and tree.is_chain)
 
 
 def check_distill(config, workdir: str) -> None:

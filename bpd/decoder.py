@@ -6,6 +6,7 @@ imports none of them, so each can import it without an import circle (tests/test
 
 import dataclasses
 import time
+from typing import Any
 
 from absl import logging
 import jax
@@ -47,9 +48,36 @@ def check_cache_len(state, max_len: int, block: int = 0) -> None:
                      f'needs {needed} (decoder.cache_len(max_len, block)).')
 
 
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """One blockwise setting of a decode sweep: an acceptance rule over a tree (bpd/decoding.py's one loop).
+
+  rule: a decoding.Criterion or a speculative.Sampling; tree: a decoding.Layout (the chain of k: `chain(k)`) or a
+  decoding.Dynamic; spec: the tree spec as config.decode.trees writes it ('chain' for the paper's).
+  """
+  rule: Any
+  tree: Any
+  spec: str = 'chain'
+
+  @property
+  def k(self) -> int:
+    """The heads the setting uses: the tree's depth."""
+    return self.tree.depth
+
+  @property
+  def name(self) -> str:
+    """The setting in file names (`setting_name`)."""
+    return setting_name(self.k, self.rule, None if self.spec == 'chain' else self.spec)
+
+
+def chain(k: int) -> decoding.Layout:
+  """The paper's chain of k proposals as the loop's tree."""
+  return decoding.layout(decoding.chain_tree(k))
+
+
 class Decoder:
-  """Jitted greedy, blockwise, tree, beam, sampled and speculatively sampled decoding of one model at one maximum
-  output length.
+  """Jitted greedy, blockwise (chains, trees, speculative sampling: one entry), beam and sampled decoding of one model
+  at one maximum output length. Every method but `beam` returns a decoding.DecodeResult.
 
   Each method takes the whole batch as a host array (the same on every process). With a `mesh`, the batch
   is split along 'data' and the outputs come back replicated, so that every process can read them all.
@@ -60,12 +88,11 @@ class Decoder:
     self.model, self.max_len, self.mesh, self.eos_id = model, max_len, mesh, eos_id
     out = None if mesh is None else sharding.replicated(mesh)
     self._greedy_jit = jax.jit(self._greedy, out_shardings=out)
-    self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('k', 'criterion'), out_shardings=out)
+    # The rule is an argument (a pytree: a Criterion has no leaves, Sampling's temperature is traced); its static
+    # fields and the tree are part of what is compiled.
+    self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('tree',), out_shardings=out)
     self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
     self._sample_jit = jax.jit(self._sample, static_argnames=('top_k', 'top_p'), out_shardings=out)
-    self._tree_jit = jax.jit(self._tree, static_argnames=('paths', 'criterion'), out_shardings=out)
-    self._speculative_jit = jax.jit(self._speculative, static_argnames=('k', 'paths', 'top_k', 'top_p'),
-                                    out_shardings=out)
     self._first_heads_jit = jax.jit(lambda params, k: model_lib.first_heads(self.model, params, k)[1],
                                     static_argnames='k')
     self._heads_cache = {}  # k -> (the params it was cut from, their first k heads)
@@ -90,37 +117,24 @@ class Decoder:
     return jnp.asarray(src_BxS) if self.mesh is None else sharding.shard_global_batch(src_BxS, self.mesh)
 
   def greedy(self, params, src_BxS):
-    """(tokens_BxL, length_B)."""
+    """Greedy decoding: one token per row per call."""
     return self._greedy_jit(params, self._put(src_BxS))
 
-  def blockwise(self, params, src_BxS, k, criterion):
-    """A decoding.BlockwiseResult."""
-    return self._blockwise_jit(self._heads(params, k), self._put(src_BxS), k=k, criterion=criterion)
+  def blockwise(self, params, src_BxS, rule, tree, seed: int = 0):
+    """decoding.blockwise with an acceptance rule (a decoding.Criterion, or speculative.Sampling, whose samples
+    follow softmax(head 1 / temperature) exactly, as `sample`'s do) over a tree (a decoding.Layout, e.g.
+    `chain(k)`, or a decoding.Dynamic), using the model's first tree.depth heads. Compiled once per (batch shape,
+    rule's static fields, tree); a temperature and the seed are traced. A rule that draws uses row b's stream
+    fold_in(PRNGKey(seed), b): the same seed and batch give the same samples, and a row's samples do not depend on
+    the other rows."""
+    return self._blockwise_jit(self._heads(params, tree.depth), self._put(src_BxS), rule, jax.random.PRNGKey(seed),
+                               tree=tree)
 
   def sample(self, params, src_BxS, temperature: float, seed: int, top_k: int = 0, top_p: float = 1.0):
-    """(tokens_BxL, length_B) drawn from the model at `temperature`, truncated to top_k / top_p (see
-    sampling_score_fn; 0 and 1: off). The same seed and batch give the same samples; a row's sample depends on the
-    seed and on its place in the batch."""
+    """Ancestral sampling at `temperature`, truncated to top_k / top_p (see sampling_score_fn; 0 and 1: off). The
+    same seed and batch give the same samples; a row's sample depends on the seed and on its place in the batch."""
     return self._sample_jit(params, self._put(src_BxS), jnp.float32(temperature), jax.random.PRNGKey(seed),
                             top_k=top_k, top_p=top_p)
-
-  def tree(self, params, src_BxS, paths, criterion):
-    """A decoding.BlockwiseResult of tree decoding with the topology `paths` (decoding.check_tree), using the
-    first tree_depth(paths) heads."""
-    return self._tree_jit(self._heads(params, decoding.tree_depth(paths)), self._put(src_BxS), paths=paths,
-                          criterion=criterion)
-
-  def speculative(self, params, src_BxS, k: int, temperature: float, seed: int, paths=None, top_k: int = 0,
-                  top_p: float = 1.0):
-    """A decoding.BlockwiseResult of lossless speculative sampling at `temperature` (bpd/speculative.py): the
-    samples follow softmax(head 1 / temperature) exactly, as `sample`'s do, with k heads drafting (paths: a tree
-    with the single root (0,), speculative.check_sampling_tree; None: the chain of k). Compiled once per
-    (batch shape, k, paths); temperature and seed are traced. Row b draws from fold_in(PRNGKey(seed), b): the
-    same seed and batch give the same samples, and a row's samples do not depend on the other rows. top_k, top_p:
-    the truncation `sample` takes, applied alike (speculative.sampling_logits)."""
-    depth = k if paths is None else decoding.tree_depth(paths)
-    return self._speculative_jit(self._heads(params, depth), self._put(src_BxS), jnp.float32(temperature),
-                                 jax.random.PRNGKey(seed), k=k, paths=paths, top_k=top_k, top_p=top_p)
 
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""
@@ -131,52 +145,40 @@ class Decoder:
     check_cache_len(state, self.max_len, block)
     return state
 
+  def _fixed(self, src_BxS):
+    return decoding.Fixed(batch_size=src_BxS.shape[0], max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID,
+                          eos_id=self.eos_id)
+
   def _greedy(self, params, src_BxS):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
-    state = self._init(init_state, src_BxS)
-    tokens, length, _ = decoding.greedy(score_fn, state, batch_size=src_BxS.shape[0], max_len=self.max_len,
-                                        bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
-    return tokens, length
+    return one_per_call(decoding.greedy(score_fn, self._init(init_state, src_BxS), fixed=self._fixed(src_BxS)))
 
-  def _blockwise(self, params_k, src_BxS, k, criterion):
-    init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(k), params_k)
-    state = self._init(init_state, src_BxS, block=k)
-    return decoding.blockwise(score_fn, propose_fn, state, batch_size=src_BxS.shape[0], k=k,
-                              max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
-                              criterion=criterion)
+  def _blockwise(self, params_k, src_BxS, rule, key, tree):  # params_k: the first tree.depth heads (`_heads`)
+    init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(tree.depth), params_k)
+    state = self._init(init_state, src_BxS, block=tree.num_nodes)
+    return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache), state,
+                              fixed=self._fixed(src_BxS), tree=tree, rule=rule, key=key if rule.draws else None)
 
   def _sample(self, params, src_BxS, temperature, key, top_k, top_p):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
-    state = self._init(init_state, src_BxS)
-    tokens, length, _ = decoding.greedy(sampling_score_fn(score_fn, key, temperature, top_k, top_p), state,
-                                        batch_size=src_BxS.shape[0], max_len=self.max_len,
-                                        bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id)
-    return tokens, length
-
-  def _tree(self, params, src_BxS, paths, criterion):  # params: the first tree_depth(paths) heads (`_heads`)
-    k = decoding.tree_depth(paths)
-    init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(k), params)
-    state = self._init(init_state, src_BxS, block=len(paths))
-    return decoding.tree(score_fn, propose_fn, model_lib.move_cache, state, batch_size=src_BxS.shape[0],
-                         paths=paths, k=k, max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
-                         criterion=criterion)
-
-  def _speculative(self, params, src_BxS, temperature, key, k, paths, top_k, top_p):
-    depth = k if paths is None else decoding.tree_depth(paths)
-    init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(depth), params)  # params: `_heads`
-    state = self._init(init_state, src_BxS, block=depth if paths is None else len(paths))
-    return speculative_lib.speculative(score_fn, propose_fn, state, key=key, temperature=temperature,
-                                       batch_size=src_BxS.shape[0], k=depth, max_len=self.max_len,
-                                       bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id, paths=paths,
-                                       move_fn=model_lib.move_cache, top_k=top_k, top_p=top_p)
+    return one_per_call(decoding.greedy(sampling_score_fn(score_fn, key, temperature, top_k, top_p),
+                                        self._init(init_state, src_BxS), fixed=self._fixed(src_BxS)))
 
   def _beam(self, params, src_BxS, beam_size, alpha):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
     state = self._init(init_state, src_BxS)
-    tokens, _ = decoding.beam_search(score_fn, state, batch_size=src_BxS.shape[0], beam_size=beam_size,
-                                     max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID,
-                                     eos_id=self.eos_id, alpha=alpha)
+    tokens, _ = decoding.beam_search(score_fn, state, fixed=self._fixed(src_BxS), beam_size=beam_size, alpha=alpha)
     return tokens[:, 0]
+
+
+def one_per_call(greedy_out) -> decoding.DecodeResult:
+  """decoding.greedy's (tokens_BxL, length_B, steps) as a DecodeResult: one token per row per call after the first
+  (greedy's first call already emits a token, so its iterations are its tokens; DESIGN §2 counts them alike)."""
+  tokens_BxL, length_B, steps = greedy_out
+  return decoding.DecodeResult(
+      tokens_BxL=tokens_BxL, length_B=length_B, iterations_B=length_B,
+      block_counts_BxK=jnp.stack([length_B, jnp.zeros_like(length_B)], axis=1),
+      first_call_B=jnp.zeros_like(length_B), invocations=steps)
 
 
 def sampling_score_fn(score_fn, key, temperature, top_k: int = 0, top_p: float = 1.0):
@@ -226,9 +228,8 @@ def run_batches(fn, src_ids, batch_size, what='', bucket=None):
 
 
 def setting_name(k: int, criterion, tree: str | None = None) -> str:
-  """A setting in file names: 'greedy', 'k4.distance2' (a decoding.Criterion or its string), 'sample0.8' for
-  the sampled setting (criterion 'sample:0.8' in records), or with a tree spec (bpd/trees.py)
-  'tree-nodes32.k4.exact'."""
+  """A setting in file names: 'greedy', 'k4.distance2' (a rule or its string), 'sample0.8' for the sampled setting
+  (criterion 'sample:0.8' in records), or with a tree spec (bpd/trees.py) 'tree-nodes32.k4.exact'."""
   if criterion is None:
     return 'greedy'
   if str(criterion).startswith('sample:'):

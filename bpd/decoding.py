@@ -12,20 +12,23 @@ The model enters as two plain functions over an opaque per-row state (every leaf
   propose_fn(hidden_Bx...) -> logits_Bx(k-1)xV
       Heads 2..k at one position per row (the hidden state that score_fn returned for it).
 
-Tree decoding (`tree`) calls score_fn with a fourth argument, the tree (depth_N, ancestor_NxN), numpy arrays
-built at trace time: token n goes to cache slot start_B[b] + n, at position start_B[b] + depth_N[n], and
-attends to the slots before start_B[b] and to the slots of the nodes m with ancestor_NxN[n, m] (its ancestors
-and itself) only. Without it (None, or not passed) slots are positions and the block is causal, as above. And it
-takes a third function:
+Over a tree that is not a chain, blockwise calls score_fn with a fourth argument, the tree (depth_N,
+ancestor_NxN): numpy arrays built once per topology, or per row (depth_BxN, ancestor_BxNxN) for a context-aware
+tree (`mask_arg`): token n goes to cache slot start_B[b] + n, at position start_B[b] + depth[n], and attends to the
+slots before start_B[b] and to the slots of the nodes m with ancestor[n, m] (its ancestors and itself) only.
+Without it (None, or not passed) slots are positions and the block is causal, as above. And it takes a third
+function:
   move_fn(state, start_B, source_BxD) -> new_state
       Copies what slot start_B[b] + source_BxD[b, d] holds to slot start_B[b] + d, for every d, as if the
       tokens had been fed there (the accepted path of a tree, made contiguous).
+The three travel together as a ModelFns.
 
 All functions here are pure and traceable: jit the function that calls them (the model's parameters as
-its argument), with k, max_len, the criterion and the special ids static. Every loop is a
-`lax.while_loop`: no host round-trip per step.
+its argument), with the tree, the rule's static fields and the `Fixed` settings static. Every loop is a
+`lax.while_loop`: no host round-trip per step. `blockwise` is the one blockwise loop (chains, static and
+context-aware trees, greedy criteria and speculative sampling); greedy decoding and beam search have their own.
 
-Output convention (all three decoders): tokens [B, max_len], the n-th token at index n-1, EOS included,
+Output convention (every decoder): tokens [B, max_len], the n-th token at index n-1, EOS included,
 0 (padding) after it.
 
 Definitions (DESIGN §2; Stern et al. 2018, §3-§4):
@@ -34,14 +37,16 @@ Definitions (DESIGN §2; Stern et al. 2018, §3-§4):
   An iteration produces its accepted block k̂ and, when the scoring model's next token ends the row (EOS, or
       the max_len-th token), that token too: the verification call already computed it (head 1 at the last
       accepted position), and it would be accepted unverified, so a further call to accept it alone would be
-      wasted. Block sizes then run 1..k+1. A row whose first token ends it is produced by the initial call
-      alone, with no iteration.
+      wasted (unless another root of the tree could still pass: `Criterion.ends_early`). Block sizes then run
+      1..k+1. A row whose first token ends it is produced by the initial call alone, with no iteration; it counts
+      in the tokens and not in the block-size histogram (`summarize` reports it as first_call_tokens).
   model invocations = iterations + 1: the combined scoring-and-proposal step verifies block n and
       proposes block n + 1 in one call; one more call at the start proposes the first block.
 """
 
 import dataclasses
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -57,24 +62,43 @@ ProposeFn = Callable[[Any], jax.Array]
 MoveFn = Callable[[Any, jax.Array, jax.Array], Any]
 
 
-# -- acceptance criteria (paper §5) ------------------------------------------------------------------------
+# -- acceptance rules ----------------------------------------------------------------------------------------
+#
+# A rule is a small frozen object (a static argument of jit, or a pytree whose leaves are traced, as sampling's
+# temperature) with four methods; the loop calls nothing else of it:
+#   check(tree)                 UserError if the rule cannot run on this tree (before anything is traced).
+#   target(logits_BxV)          what the first draft starts from, given head 1's logits after BOS.
+#   draft(target, heads_BxDm1xV, tree, keys_B) -> (nodes_BxN, memo)
+#                               the tokens of the next tree's nodes, from the target at the last accepted
+#                               position (greedy rules: head 1's logits and argmax there; sampling: the distribution
+#                               of the next token) and heads 2..D there; memo: what accept will need (leaves [B, ...]).
+#                               nodes_BxN[:, 0] must be the next token itself (the root of rank 0).
+#   accept(nodes_BxN, logits_BxNxV, memo, tree, keys_B) -> (last_B, target)
+#                               after the verification call: the deepest accepted node per row (k̂ = its depth
+#                               + 1) and the target the next draft starts from.
+#   ends_early(tree)            whether the next token may be appended without an iteration when it ends the row
+#                               (`end_with_next_token`): true when that iteration could only accept it alone.
+# keys_B: one PRNG key per row for the block being drafted or verified (None unless the loop got a key).
 
-@dataclasses.dataclass(frozen=True)
+
+@flax.struct.dataclass
 class Criterion:
-  """When the scoring model accepts a proposed token ŷ, given head 1's logits at the position before it.
+  """Greedy acceptance (paper §5): when the scoring model accepts a proposed token ŷ, given head 1's logits at
+  the position before it. Nodes take the heads' ranked choices (argmax for rank 0).
 
   kind 'exact': ŷ == argmax p_1 (output identical to greedy decoding).
   kind 'top_k': ŷ is among the `top_k` most likely tokens of p_1 (paper: top-2 on translation).
   kind 'distance': |ŷ - argmax p_1| <= `eps`, for ordinal outputs such as pixel intensities (paper: 2).
   min_block: accept at least this many tokens per iteration whatever the checks say (paper §5.3): k̂ is
-    max(verified prefix, min_block). (Not "accept min_block, then keep verifying the rest": a check that
-    failed inside the forced prefix is not skipped over.)
-  Hashable, so it can be a static argument of jit.
+    max(verified prefix, min_block), along the all-rank-0 path. (Not "accept min_block, then keep verifying the
+    rest": a check that failed inside the forced prefix is not skipped over.)
+  Hashable, and a pytree without leaves: a static argument of jit, or an ordinary one (as speculative.Sampling).
   """
-  kind: str = 'exact'
-  top_k: int = 1
-  eps: int = 0
-  min_block: int = 1
+  draws = False  # a rule that draws (sampling) needs the loop's PRNG key
+  kind: str = flax.struct.field(pytree_node=False, default='exact')
+  top_k: int = flax.struct.field(pytree_node=False, default=1)
+  eps: int = flax.struct.field(pytree_node=False, default=0)
+  min_block: int = flax.struct.field(pytree_node=False, default=1)
 
   def __str__(self):
     name = {'exact': 'exact', 'top_k': f'top_k:{self.top_k}', 'distance': f'distance:{self.eps}'}[self.kind]
@@ -82,6 +106,86 @@ class Criterion:
       return name
     return f'min_block:{self.min_block}' if self.kind == 'exact' else f'{name}+min_block:{self.min_block}'
 
+  def check(self, tree) -> None:
+    if isinstance(tree, Dynamic):
+      if self.min_block > 1:
+        raise UserError(f'{self} forces the rank-0 path of {self.min_block} nodes, which a context-aware tree '
+                        f'({tree}) need not hold: use min_block with a chain or a static tree.')
+      return
+    zero_path_D = tree.zero_path_D
+    if self.min_block > 1 and (self.min_block > len(zero_path_D) or zero_path_D[self.min_block - 1] < 0):
+      what = 'raise k' if tree.is_chain else 'add it or lower min_block'
+      raise UserError(f'min_block={self.min_block} forces the path {(0,) * self.min_block} of rank-0 choices (the '
+                      f'chain\'s first proposals), which the tree {tree.paths} lacks: {what}.')
+
+  def ends_early(self, tree) -> bool:
+    # With several roots, a check looser than exact may pass another root whose path goes deeper than the next
+    # token alone: the row is then not decided by that token, and an iteration must run.
+    return isinstance(tree, Dynamic) or len(tree.roots) == 1 or self.kind == 'exact'
+
+  def target(self, logits_BxV):
+    return {'logits_BxV': logits_BxV, 'best_B': argmax(logits_BxV)}
+
+  def draft(self, target, heads_BxDm1xV, tree, keys_B):
+    logits_BxV, best_B = target['logits_BxV'], target['best_B']
+    if isinstance(tree, Layout) and tree.is_chain:  # ŷ_{j+1} = head 1's argmax, ŷ_{j+2..j+k} heads 2..k's
+      if tree.depth == 1:
+        return best_B[:, None], ()
+      return jnp.concatenate([best_B[:, None], argmax(heads_BxDm1xV[:, :tree.depth - 1])], axis=1), ()
+    B = best_B.shape[0]
+    t = tree_arrays(tree, B)
+    depth = t['path'].shape[2]
+    ranks = tree.num_ranks
+    heads_BxDxV = jnp.concatenate([logits_BxV[:, None], heads_BxDm1xV[:, :depth - 1].astype(logits_BxV.dtype)],
+                                  axis=1) if depth > 1 else logits_BxV[:, None]
+    choices_BxDxR = argmax(heads_BxDxV)[..., None] if ranks == 1 else jax.lax.top_k(heads_BxDxV, ranks)[1]
+    # Node n gets rank r_n of head d_n + 1 (Medusa-style: a head's choices do not depend on the node's parent).
+    nodes_BxN = choices_BxDxR[jnp.arange(B)[:, None], t['depth'], t['rank']].astype(jnp.int32)
+    nodes_BxN = nodes_BxN.at[:, 0].set(best_B)  # node 0 is head 1's argmax (rank 0): the next token itself
+    if isinstance(tree, Layout) and len(tree.roots) > 1:
+      # Depth-0 nodes are checked now, against head 1 at j; the verification call checks their children.
+      roots = tree.roots
+      logits_BxRxV = jnp.broadcast_to(logits_BxV[:, None], (B, len(roots), logits_BxV.shape[-1]))
+      return nodes_BxN, jnp.ones(nodes_BxN.shape, bool).at[:, roots].set(
+          accept_mask(self, nodes_BxN[:, roots], logits_BxRxV))
+    return nodes_BxN, ()
+
+  def accept(self, nodes_BxN, logits_BxNxV, memo, tree, keys_B):
+    B = nodes_BxN.shape[0]
+    rows = jnp.arange(B)
+    # One argmax over every node: checks of the children, and the next token after the last accepted node.
+    best_BxN = argmax(logits_BxNxV)
+    if isinstance(tree, Layout) and tree.is_chain:
+      # Position j+i carries ŷ_{j+i}; its head-1 output scores ŷ_{j+i+1}.
+      checks_BxKm1 = accept_mask(self, nodes_BxN[:, 1:], logits_BxNxV[:, :-1], best_BxN[:, :-1])
+      k_hat_B = jnp.minimum(block_size(self, checks_BxKm1), tree.depth)
+      last_B = k_hat_B - 1
+    else:
+      t = tree_arrays(tree, B)
+      parent_BxN = t['parent']
+      if isinstance(tree, Layout):
+        ok_BxN = memo if len(tree.roots) > 1 else jnp.ones(nodes_BxN.shape, bool)
+        inner = np.nonzero(tree.parent_N >= 0)[0]  # nodes checked in this call
+        if len(inner):
+          parents = tree.parent_N[inner]
+          ok_BxN = ok_BxN.at[:, inner].set(
+              accept_mask(self, nodes_BxN[:, inner], logits_BxNxV[:, parents], best_BxN[:, parents]))
+      else:  # one root (head 1's choice, which passes); every other node against its parent's head 1
+        safe_BxN = jnp.maximum(parent_BxN, 0)
+        parent_logits_BxNxV = jnp.take_along_axis(logits_BxNxV, safe_BxN[..., None], axis=1)
+        ok_BxN = (parent_BxN < 0) | accept_mask(self, nodes_BxN, parent_logits_BxNxV,
+                                                 jnp.take_along_axis(best_BxN, safe_BxN, axis=1))
+      # A node is accepted when it and all its ancestors pass; the deepest accepted node wins (ties: the first in
+      # canonical order, the higher-ranked choices).
+      accepted_BxN = ~jnp.any(t['ancestor'] & ~ok_BxN[:, None, :], axis=-1)
+      last_B = jnp.argmax(jnp.where(accepted_BxN, t['depth'] + 1, 0), axis=1).astype(jnp.int32)
+      if self.min_block > 1:  # forced: the all-rank-0 path of min_block nodes (the chain's first L proposals)
+        forced = int(tree.zero_path_D[self.min_block - 1])
+        last_B = jnp.where(t['depth'][rows, last_B] + 1 < self.min_block, forced, last_B)
+    return last_B, {'logits_BxV': logits_BxNxV[rows, last_B], 'best_B': best_BxN[rows, last_B]}
+
+
+EXACT = Criterion()
 
 CRITERION_HELP = ("a criterion is 'exact', 'top_k:T' (T >= 1), 'distance:EPS' (EPS >= 0) or 'min_block:L' "
                   "(1 <= L <= k), or a check and a minimum block joined by '+', e.g. 'top_k:2+min_block:2'")
@@ -169,6 +273,15 @@ def block_size(criterion: Criterion, checks_BxN: jax.Array) -> jax.Array:
   return jnp.maximum(1 + leading_B, criterion.min_block).astype(jnp.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+  """What stays fixed over one decode: the rows of the batch, the longest output, the special ids."""
+  batch_size: int
+  max_len: int
+  bos_id: int
+  eos_id: int
+
+
 # -- greedy ------------------------------------------------------------------------------------------------
 
 def take_rows(tree, index_B):
@@ -181,14 +294,14 @@ def _mask_after(tokens_BxL, length_B):
   return jnp.where(jnp.arange(tokens_BxL.shape[1])[None, :] < length_B[:, None], tokens_BxL, PAD_ID)
 
 
-def greedy_init(state: Any, *, batch_size: int, max_len: int, bos_id: int) -> tuple:
+def greedy_init(state: Any, *, fixed: Fixed) -> tuple:
   """The initial carry of greedy's loop: (step [], last_B, tokens_BxL [B, max_len], length_B, done_B, state)."""
-  B = batch_size
-  return (jnp.int32(0), jnp.full((B,), bos_id, jnp.int32), jnp.zeros((B, max_len), jnp.int32),
+  B = fixed.batch_size
+  return (jnp.int32(0), jnp.full((B,), fixed.bos_id, jnp.int32), jnp.zeros((B, fixed.max_len), jnp.int32),
           jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool), state)
 
 
-def greedy_body(score_fn: ScoreFn, *, eos_id: int):
+def greedy_body(score_fn: ScoreFn, *, fixed: Fixed):
   """One greedy step, the body of `greedy`'s while_loop: carry -> carry.
 
   carry = (step [], last_B, tokens_BxL, length_B, done_B, state). Public so that a benchmark can compile and
@@ -201,199 +314,58 @@ def greedy_body(score_fn: ScoreFn, *, eos_id: int):
     next_B = argmax(logits_Bx1xV[:, 0])
     tokens_BxL = tokens_BxL.at[:, step].set(jnp.where(done_B, PAD_ID, next_B))
     length_B = length_B + (~done_B).astype(jnp.int32)
-    done_B = done_B | (next_B == eos_id)
+    done_B = done_B | (next_B == fixed.eos_id)
     return step + 1, next_B, tokens_BxL, length_B, done_B, state
   return body
 
 
-def greedy(score_fn: ScoreFn, state: Any, *, batch_size: int, max_len: int, bos_id: int, eos_id: int):
+def greedy(score_fn: ScoreFn, state: Any, *, fixed: Fixed):
   """Greedy decoding with the cached decoder: one token per row per model call.
 
   Returns (tokens_BxL [B, max_len], length_B [B] tokens produced with EOS, steps: model invocations).
   """
   def cond(carry):
     step, _, _, _, done_B, _ = carry
-    return (step < max_len) & ~jnp.all(done_B)
+    return (step < fixed.max_len) & ~jnp.all(done_B)
 
-  carry = greedy_init(state, batch_size=batch_size, max_len=max_len, bos_id=bos_id)
-  steps, _, tokens_BxL, length_B, _, _ = jax.lax.while_loop(cond, greedy_body(score_fn, eos_id=eos_id), carry)
+  carry = greedy_init(state, fixed=fixed)
+  steps, _, tokens_BxL, length_B, _, _ = jax.lax.while_loop(cond, greedy_body(score_fn, fixed=fixed), carry)
   return tokens_BxL, length_B, steps
 
 
-# -- blockwise parallel decoding (paper §3-§4) -------------------------------------------------------------
-
-@flax.struct.dataclass
-class Rows:
-  """What every blockwise loop (chain, tree, speculative sampling) keeps per row: the output and its statistics.
-  j = length_B[b] tokens accepted so far in row b; D = the most tokens an iteration accepts (k for the chain)."""
-  tokens_BxL: jax.Array        # int32 [B, max_len + D]; indices >= length_B[b] hold stale proposals
-  length_B: jax.Array          # int32 [B]; tokens accepted (EOS included)
-  done_B: jax.Array            # bool [B]; EOS accepted or max_len reached
-  iterations_B: jax.Array      # int32 [B]; iterations in which row b was still decoding
-  block_counts_BxD: jax.Array  # int32 [B, D + 1]; [b, n-1] = iterations of row b that produced n tokens
-
-
-@flax.struct.dataclass
-class DecodeState:
-  """The carry of the blockwise loop."""
-  model_state: Any            # opaque decoder state (KV cache, encoder keys/values); leaves [B, ...]
-  rows: Rows                  # D = k
-  proposals_BxK: jax.Array    # int32 [B, k]; ŷ_{j+1} .. ŷ_{j+k} for the next iteration
-  step: jax.Array             # int32 []; loop iterations (= model invocations - 1)
-
-
-@flax.struct.dataclass
-class BlockwiseResult:
-  tokens_BxL: jax.Array        # int32 [B, max_len]
-  length_B: jax.Array          # int32 [B]; tokens produced, EOS included
-  iterations_B: jax.Array      # int32 [B]
-  block_counts_BxK: jax.Array  # int32 [B, k + 1]; histogram of the tokens produced per iteration, 1..k+1
-  invocations: jax.Array       # int32 []; model calls for the whole batch (loop iterations + 1)
-
-
-def end_with_next_token(rows: Rows, next_B, *, eos_id: int, max_len: int) -> tuple[Rows, jax.Array]:
-  """Appends the scoring model's next token next_B (head 1's choice after the accepted prefix) where it ends the
-  row: it is EOS, or the max_len-th token. The next iteration would accept it unverified (ŷ_{j+1} always passes)
-  and nothing else, a model call for nothing. Returns (rows, ended_B).
-
-  Writing next_B at length_B in the other rows too is harmless: the next iteration writes its proposals from there,
-  the first of which is next_B; finished rows are masked past their length at the end.
-  """
-  ended_B = ~rows.done_B & ((next_B == eos_id) | (rows.length_B + 1 >= max_len))
-  tokens_BxL = rows.tokens_BxL.at[jnp.arange(next_B.shape[0]), rows.length_B].set(next_B)
-  return rows.replace(tokens_BxL=tokens_BxL, length_B=rows.length_B + ended_B.astype(jnp.int32),
-                      done_B=rows.done_B | ended_B), ended_B
-
-
-def start_rows(first_B, *, depth: int, max_len: int, eos_id: int) -> Rows:
-  """The rows after the first model call, which only proposes: empty, except that a row whose first token first_B
-  ends it (EOS, or max_len = 1) is done with this call."""
-  B = first_B.shape[0]
-  rows = Rows(tokens_BxL=jnp.zeros((B, max_len + depth), jnp.int32), length_B=jnp.zeros((B,), jnp.int32),
-              done_B=jnp.zeros((B,), bool), iterations_B=jnp.zeros((B,), jnp.int32),
-              block_counts_BxD=jnp.zeros((B, depth + 1), jnp.int32))
-  return end_with_next_token(rows, first_B, eos_id=eos_id, max_len=max_len)[0]
-
-
-def accept_block(rows: Rows, block_BxD, k_hat_B, *, eos_id: int, max_len: int) -> tuple[Rows, jax.Array]:
-  """Accepts block_BxD[b, :k̂] in every row, the one rule of every loop: k̂ is cut at the first EOS inside the
-  accepted block and at max_len, and is 0 in finished rows. The whole block is written at j (the rejected tail is
-  overwritten next time or masked at the end). Returns (rows, the cut k_hat_B int32 [B])."""
-  eos_in_block_BxD = (block_BxD == eos_id) & (jnp.arange(block_BxD.shape[1])[None, :] < k_hat_B[:, None])
-  has_eos_B = jnp.any(eos_in_block_BxD, axis=1)
-  k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxD, axis=1) + 1, k_hat_B)
-  k_hat_B = jnp.where(rows.done_B, 0, jnp.minimum(k_hat_B, max_len - rows.length_B)).astype(jnp.int32)
-  tokens_BxL = jax.vmap(lambda row, new, j: jax.lax.dynamic_update_slice(row, new, (j,)))(
-      rows.tokens_BxL, block_BxD, jnp.minimum(rows.length_B, max_len))
-  length_B = rows.length_B + k_hat_B
-  return rows.replace(tokens_BxL=tokens_BxL, length_B=length_B,
-                      done_B=rows.done_B | has_eos_B | (length_B >= max_len)), k_hat_B
-
-
-def close_iteration(before: Rows, rows: Rows, k_hat_B, next_B, *, eos_id: int, max_len: int) -> Rows:
-  """Ends an iteration that started from `before` and accepted k_hat_B (`accept_block`): appends next_B where it
-  ends the row (`end_with_next_token`) and counts the iteration and its produced tokens in the rows that were
-  still decoding."""
-  rows, ended_B = end_with_next_token(rows, next_B, eos_id=eos_id, max_len=max_len)
-  active_B = ~before.done_B
-  produced_B = k_hat_B + ended_B.astype(jnp.int32)
-  depth = rows.block_counts_BxD.shape[1] - 1
-  return rows.replace(
-      iterations_B=rows.iterations_B + active_B.astype(jnp.int32),
-      block_counts_BxD=rows.block_counts_BxD + (
-          active_B[:, None] & (jnp.arange(1, depth + 2)[None, :] == produced_B[:, None])).astype(jnp.int32))
-
-
-def run_loop(first, body, *, max_len: int) -> BlockwiseResult:
-  """Runs body (state -> state; every loop's state has .rows and .step) from `first` until every row is done."""
-  def cond(s):
-    return (s.step < max_len) & ~jnp.all(s.rows.done_B)
-
-  s = jax.lax.while_loop(cond, body, first)
-  return BlockwiseResult(
-      tokens_BxL=_mask_after(s.rows.tokens_BxL[:, :max_len], s.rows.length_B),
-      length_B=s.rows.length_B,
-      iterations_B=s.rows.iterations_B,
-      block_counts_BxK=s.rows.block_counts_BxD,
-      invocations=s.step + 1)
-
-
-def _proposals(head1_B, hidden_Bx___, propose_fn, k):
-  """ŷ_{j+1} = head1_B (head 1's argmax), ŷ_{j+2..j+k} from heads 2..k, all at the last accepted position. [B, k]."""
-  head1_Bx1 = head1_B[:, None].astype(jnp.int32)
-  if k == 1:
-    return head1_Bx1
-  rest_BxKm1 = argmax(propose_fn(hidden_Bx___))
-  return jnp.concatenate([head1_Bx1, rest_BxKm1], axis=1)
-
-
-def blockwise_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
-                   bos_id: int, eos_id: int) -> DecodeState:
-  """The first model invocation (it only proposes ŷ_1..ŷ_k from BOS) and the loop's initial DecodeState."""
-  B = batch_size
-  logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
-  proposals_BxK = _proposals(argmax(logits_Bx1xV[:, 0]), take_rows(hidden, jnp.zeros((B,), jnp.int32)),
-                             propose_fn, k)
-  return DecodeState(model_state=state, rows=start_rows(proposals_BxK[:, 0], depth=k, max_len=max_len, eos_id=eos_id),
-                     proposals_BxK=proposals_BxK, step=jnp.int32(0))
-
-
-def blockwise_body(score_fn: ScoreFn, propose_fn: ProposeFn, *, k: int, max_len: int, eos_id: int,
-                   criterion: Criterion = Criterion()):
-  """One blockwise iteration (verify k, accept k̂, propose the next k), the body of `blockwise`'s while_loop:
-  DecodeState -> DecodeState. Public so that a benchmark can compile and cost-analyse exactly one iteration."""
-  def body(s: DecodeState):
-    B = s.rows.length_B.shape[0]
-    proposals_BxK = s.proposals_BxK
-    # Verify: position j+i carries ŷ_{j+i}; its head-1 output scores ŷ_{j+i+1}.
-    logits_BxKxV, hidden, model_state = score_fn(s.model_state, proposals_BxK, s.rows.length_B + 1)
-    # One argmax over all k positions: the first k - 1 check proposals 2..k, the last accepted one is ŷ_{j+k̂+1}.
-    best_BxK = argmax(logits_BxKxV)
-    checks_BxKm1 = accept_mask(criterion, proposals_BxK[:, 1:], logits_BxKxV[:, :-1], best_BxK[:, :-1])
-    k_hat_B = jnp.minimum(block_size(criterion, checks_BxKm1), k)
-    # Accept: cut at the first EOS inside the block and at max_len; write all k proposals at j.
-    rows, k_hat_B = accept_block(s.rows, proposals_BxK, k_hat_B, eos_id=eos_id, max_len=max_len)
-    last_B = jnp.maximum(k_hat_B - 1, 0)  # index in this block of the last accepted position, j + k̂
-    next_BxK = _proposals(best_BxK[jnp.arange(B), last_B], take_rows(hidden, last_B), propose_fn, k)
-    rows = close_iteration(s.rows, rows, k_hat_B, next_BxK[:, 0], eos_id=eos_id, max_len=max_len)
-    return DecodeState(model_state=model_state, rows=rows, proposals_BxK=next_BxK, step=s.step + 1)
-  return body
-
-
-def blockwise(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, k: int, max_len: int,
-              bos_id: int, eos_id: int, criterion: Criterion = Criterion()) -> BlockwiseResult:
-  """Blockwise parallel decoding with combined scoring and proposal (paper §4).
-
-  One model invocation per iteration: feed ŷ_{j+1..j+k} at positions j+1..j+k; head 1's outputs at
-  positions j+1..j+k-1 verify ŷ_{j+2..j+k}; accept the longest verified prefix (k̂ tokens); the outputs
-  at position j+k̂ (head 1 from this call, heads 2..k projected only there) are the next proposals.
-  Each row accepts its own k̂. The model state needs a cache of at least max_len + k + 1 positions.
-  """
-  if criterion.min_block > k:
-    raise UserError(f'min_block={criterion.min_block} is larger than k={k}: lower min_block or raise k.')
-
-  first = blockwise_init(score_fn, propose_fn, state, batch_size=batch_size, k=k, max_len=max_len, bos_id=bos_id,
-                         eos_id=eos_id)
-  body = blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=eos_id, criterion=criterion)
-  return run_loop(first, body, max_len=max_len)
-
-
-# -- tree-structured candidates (beyond the paper: Medusa, Cai et al. 2024; DESIGN §3) ---------------------
+# -- the one blockwise loop (paper §3-§4; trees and sampling beyond the paper) ----------------------------
 #
-# The chain above verifies one candidate block per iteration: if head 2's top choice is wrong, the iteration
-# accepts one token however good heads 3..k are. A tree verifies several candidate blocks in the same call. A
-# topology is a tuple of paths; a path (r_0, .., r_d) is the node at depth d whose token is the r_d-th most
-# likely choice (rank 0 = argmax) of head d + 1, under the parent node (r_0, .., r_{d-1}). So ((0,), (0, 0),
-# (0, 1)) verifies "head 1's choice, then head 2's first or second choice". Every root-to-node path is a
-# candidate block; the chain of k is the one-path tree ((0,), (0, 0), .., (0,) * k).
+# Every blockwise method is one loop over the same three parts (DESIGN §3):
+#   a tree    N candidate nodes per row: the chain of k (the paper), a static tree (Medusa), or a tree built per
+#             row and iteration from the heads' confidence (`Dynamic`, EAGLE-2). A static tree is a `Layout` of
+#             numpy constants built once per topology; a per-row tree is a `RowTree` of [B, N] arrays.
+#   a rule    how nodes get their tokens from the heads and which are accepted: the greedy criteria
+#             (`Criterion`: exact, top_k, distance, min_block) here, speculative sampling in bpd/speculative.py.
+#             A rule implements `check`, `target`, `draft` and `accept` (`Rule` below says what each does).
+#   the loop  verify every node in one model call, accept the deepest passing path, cut it at EOS and max_len,
+#             move it into place, and draft the next tree from the outputs at its last node (combined scoring
+#             and proposal, paper §4): one model invocation per iteration plus one at the start.
+# The chain is the one-path tree, specialised at trace time: no tree mask (slots are positions, the block is
+# causal) and no cache move (the path is already contiguous), so it compiles to the paper's loop.
 #
-# One model call scores all N nodes: node n sits in cache slot start + n (start = j + 1) at position start +
-# depth(n), and attends to the cached prefix and its own ancestors only (the ancestor mask). Node n's head-1
-# output checks its children, as position j + i checks ŷ_{j+i+1} in the chain. The longest accepted path wins;
-# its keys and values are moved to the contiguous slots start .. start + k̂ - 1 (`move_fn`), and the rest of the
-# tree stays behind as stale slots, masked and overwritten like the chain's rejected tokens.
+# A topology is a tuple of paths; a path (r_0, .., r_d) is the node at depth d whose token is the r_d-th choice
+# (rank 0 = argmax) of head d + 1, under the parent node (r_0, .., r_{d-1}). So ((0,), (0, 0), (0, 1)) verifies
+# "head 1's choice, then head 2's first or second choice". Every root-to-node path is a candidate block; the chain
+# of k is ((0,), (0, 0), .., (0,) * k). One model call scores all N nodes: node n sits in cache slot start + n
+# (start = j + 1) at position start + depth(n), and attends to the cached prefix and its own ancestors only (the
+# ancestor mask). Node n's head-1 output checks its children, as position j + i checks ŷ_{j+i+1} in the chain. The
+# deepest accepted path wins; its keys and values move to the contiguous slots start .. start + k̂ - 1 (move_fn),
+# and the rest of the tree stays behind as stale slots, masked and overwritten like the chain's rejected tokens.
 
 TreePaths = tuple  # tuple of paths, each a tuple of ranks; hashable, so a static jit argument
+
+
+class ModelFns(NamedTuple):
+  """The model as the loop sees it (module docstring): score_fn, propose_fn, and move_fn for trees that are not
+  chains (None is fine for a chain)."""
+  score: ScoreFn
+  propose: ProposeFn
+  move: MoveFn | None = None
 
 
 def chain_tree(k: int) -> TreePaths:
@@ -436,21 +408,52 @@ def check_tree(paths, k: int, max_rank: int | None = None) -> TreePaths:
   return tuple(sorted(paths, key=lambda path: (len(path), path)))
 
 
-def tree_depth(paths: TreePaths) -> int:
-  """The longest path: the most tokens an iteration can accept, and the heads the tree uses."""
-  return max(len(path) for path in paths)
+@dataclasses.dataclass(frozen=True, eq=False)
+class Layout:
+  """A static tree (`check_tree`'s canonical paths) as numpy constants, built once per topology (`layout`).
 
-
-def tree_layout(paths: TreePaths) -> dict:
-  """Numpy arrays describing a canonical tree (`check_tree`), built once at trace time.
-
-  depth_N: depth of node n (0 = a candidate for y_{j+1}); rank_N: its rank among its head's choices;
-  parent_N: index of its parent (-1 at depth 0); ancestor_NxN[n, m]: m is n or an ancestor of n (the
-  attention mask among the new slots); path_NxD[n, d]: the node at depth d on the path to n (n itself past
-  its depth, never read); zero_path_D: the node (0,) * (d + 1), or -1 where the tree lacks it.
+  depth_N: depth of node n (0 = a candidate for y_{j+1}); rank_N: its rank among its head's choices; parent_N:
+  index of its parent (-1 at depth 0); ancestor_NxN[n, m]: m is n or an ancestor of n (the attention mask among
+  the new slots); path_NxD[n, d]: the node at depth d on the path to n (n itself past its depth, never read);
+  zero_path_D: the node (0,) * (d + 1), or -1 where the tree lacks it.
   """
+  paths: TreePaths
+  depth_N: np.ndarray
+  rank_N: np.ndarray
+  parent_N: np.ndarray
+  ancestor_NxN: np.ndarray
+  path_NxD: np.ndarray
+  zero_path_D: np.ndarray
+
+  @property
+  def num_nodes(self) -> int:
+    return len(self.paths)
+
+  @property
+  def depth(self) -> int:
+    """The longest path: the most tokens an iteration accepts, and the heads the tree uses."""
+    return self.path_NxD.shape[1]
+
+  @property
+  def is_chain(self) -> bool:
+    """One node per depth: decoded without a tree mask or a cache move (module comment)."""
+    return self.num_nodes == self.depth
+
+  @property
+  def roots(self) -> np.ndarray:
+    return np.nonzero(self.depth_N == 0)[0]
+
+  @property
+  def num_ranks(self) -> int:
+    """Ranks are below this at every depth: how many of each head's choices the nodes read."""
+    return int(self.rank_N.max()) + 1
+
+
+@functools.lru_cache(maxsize=None)
+def layout(paths: TreePaths) -> Layout:
+  """The Layout of a canonical topology (`check_tree`), built once per topology and reused."""
   index = {path: n for n, path in enumerate(paths)}
-  num, depth = len(paths), tree_depth(paths)
+  num, depth = len(paths), max(len(path) for path in paths)
   ancestor_NxN = np.zeros((num, num), bool)
   path_NxD = np.zeros((num, depth), np.int32)
   for n, path in enumerate(paths):
@@ -458,129 +461,344 @@ def tree_layout(paths: TreePaths) -> dict:
       path_NxD[n, d] = index[path[:d + 1]] if d < len(path) else n
     for d in range(len(path)):
       ancestor_NxN[n, index[path[:d + 1]]] = True
-  return {
-      'depth_N': np.array([len(p) - 1 for p in paths], np.int32),
-      'rank_N': np.array([p[-1] for p in paths], np.int32),
-      'parent_N': np.array([index[p[:-1]] if len(p) > 1 else -1 for p in paths], np.int32),
-      'ancestor_NxN': ancestor_NxN,
-      'path_NxD': path_NxD,
-      'zero_path_D': np.array([index.get((0,) * (d + 1), -1) for d in range(depth)], np.int32),
-  }
+  return Layout(paths=paths, depth_N=np.array([len(p) - 1 for p in paths], np.int32),
+                rank_N=np.array([p[-1] for p in paths], np.int32),
+                parent_N=np.array([index[p[:-1]] if len(p) > 1 else -1 for p in paths], np.int32),
+                ancestor_NxN=ancestor_NxN, path_NxD=path_NxD,
+                zero_path_D=np.array([index.get((0,) * (d + 1), -1) for d in range(depth)], np.int32))
+
+
+def tree_depth(paths: TreePaths) -> int:
+  """The longest path of a topology: the most tokens an iteration can accept, and the heads the tree uses."""
+  return max(len(path) for path in paths)
 
 
 @flax.struct.dataclass
-class TreeState:
-  """The carry of the tree loop. N nodes, D = tree depth."""
-  model_state: Any            # opaque decoder state; leaves [B, ...]
-  rows: Rows                  # D = tree depth
-  nodes_BxN: jax.Array        # int32 [B, N]; the token at every node of the next tree
-  root_ok_BxN: jax.Array      # bool [B, N]; depth-0 nodes: passed the check against head 1 at j; others True
-  step: jax.Array             # int32 []
+class RowTree:
+  """A tree per row, all of N nodes in canonical order (a parent before its children, node 0 = head 1's choice),
+  built on device each iteration (`Dynamic`). Fields as Layout's, per row."""
+  depth_BxN: jax.Array         # int32 [B, N]
+  rank_BxN: jax.Array          # int32 [B, N]; rank of the node's token among its head's choices
+  parent_BxN: jax.Array        # int32 [B, N]; -1 at the root
+  ancestor_BxNxN: jax.Array    # bool [B, N, N]
+  path_BxNxD: jax.Array        # int32 [B, N, D]
+  num_ranks: int = flax.struct.field(pytree_node=False, default=1)  # ranks are below this at every depth
 
 
-def _tree_nodes(logits_BxV, hidden_Bx___, propose_fn, layout, criterion):
-  """The next tree from the outputs at the last accepted position: (nodes_BxN, root_ok_BxN).
+def row_tree(depth_BxN, rank_BxN, parent_BxN, depth: int, num_ranks: int) -> RowTree:
+  """A RowTree from each node's depth, rank and parent (parents before children): the ancestor mask and the
+  paths follow the parent pointers, D steps up, on device."""
+  B, N = parent_BxN.shape
+  node_BxN = jnp.broadcast_to(jnp.arange(N), (B, N))
+  ancestor_BxNxN = jnp.zeros((B, N, N), bool)
+  path_BxNxD = jnp.broadcast_to(node_BxN[..., None], (B, N, depth))
+  up_BxN = node_BxN  # the ancestor of every node d steps up (-1 past the root)
+  for _ in range(depth):
+    live_BxN = up_BxN >= 0
+    safe_BxN = jnp.maximum(up_BxN, 0)
+    ancestor_BxNxN = ancestor_BxNxN | (jax.nn.one_hot(safe_BxN, N, dtype=bool) & live_BxN[..., None])
+    d_BxN = jnp.take_along_axis(depth_BxN, safe_BxN, axis=1)
+    path_BxNxD = jnp.where(live_BxN[..., None] & (jnp.arange(depth) == d_BxN[..., None]), safe_BxN[..., None],
+                           path_BxNxD)
+    up_BxN = jnp.where(live_BxN, jnp.take_along_axis(parent_BxN, safe_BxN, axis=1), -1)
+  return RowTree(depth_BxN=depth_BxN, rank_BxN=rank_BxN, parent_BxN=parent_BxN, ancestor_BxNxN=ancestor_BxNxN,
+                 path_BxNxD=path_BxNxD, num_ranks=num_ranks)
 
-  Node n gets rank_N[n] of head depth_N[n] + 1 (heads 2..D from propose_fn, Medusa-style: a head's choices do
-  not depend on the node's parent). Depth-0 nodes are checked here against head 1 (rank 0 always passes).
+
+@dataclasses.dataclass(frozen=True)
+class Dynamic:
+  """A context-aware tree of `num_nodes` nodes per row and iteration (EAGLE-2, Li et al. 2024; DESIGN §8).
+
+  A node's score is the product of the heads' probabilities along its path (head d + 1's probability of the
+  node's token at depth d, independent heads: Π_d q_{d+1}(t_d)). Each depth keeps its `beam` best nodes, each
+  expanded with the `ranks` most likely tokens of the next head; of all nodes seen the `num_nodes` best form the
+  tree. A child never scores above its parent (probabilities are <= 1) and ties go to the shallower node, so
+  the chosen set holds every chosen node's parent: it is a tree. The root is head 1's own choice (rank 0): under
+  the greedy criteria it is the one first token that always passes. `depth` heads are used (k of the model).
   """
-  depth = layout['path_NxD'].shape[1]
-  heads_BxDxV = logits_BxV[:, None]
-  if depth > 1:
-    heads_BxDxV = jnp.concatenate([heads_BxDxV, propose_fn(hidden_Bx___)[:, :depth - 1]], axis=1)
-  ranks = int(layout['rank_N'].max()) + 1
-  if ranks == 1:
-    choices_BxDxR = argmax(heads_BxDxV)[..., None]
-  else:
-    choices_BxDxR = jax.lax.top_k(heads_BxDxV, ranks)[1]  # ties: the lower id first, as argmax breaks them
-  nodes_BxN = choices_BxDxR[:, layout['depth_N'], layout['rank_N']].astype(jnp.int32)
-  roots = np.nonzero(layout['depth_N'] == 0)[0]
-  roots_logits_BxRxV = jnp.broadcast_to(logits_BxV[:, None], (logits_BxV.shape[0], len(roots), logits_BxV.shape[-1]))
-  root_ok_BxN = jnp.ones(nodes_BxN.shape, bool).at[:, roots].set(
-      accept_mask(criterion, nodes_BxN[:, roots], roots_logits_BxRxV))
-  return nodes_BxN, root_ok_BxN
+  num_nodes: int
+  depth: int
+  beam: int = 8
+  ranks: int = 8
+
+  def __str__(self):
+    return f'dynamic:{self.num_nodes}'
+
+  def candidates(self, vocab_size: int) -> int:
+    """How many nodes `build` chooses from: the root and beam x ranks per depth below it."""
+    ranks, width, total = min(self.ranks, vocab_size), 1, 1
+    for _ in range(1, self.depth):
+      total += width * ranks
+      width = min(self.beam, width * ranks)
+    return total
+
+  def check(self, vocab_size: int) -> None:
+    """UserError unless the tree can be built: depth >= 2, 1 <= num_nodes <= the candidates."""
+    if self.depth < 2:
+      raise UserError(f'Tree spec {self} needs proposal heads: decode with k >= 2 heads.')
+    most = self.candidates(vocab_size)
+    if not 1 <= self.num_nodes <= most:
+      raise UserError(f'Tree spec {self}: N must be between 1 and {most}, the candidate nodes of {self.depth} heads '
+                      f'with beam {self.beam} and {min(self.ranks, vocab_size)} ranks per head.')
+
+  def build(self, head1_BxV, heads_BxDm1xV) -> RowTree:
+    """Every row's tree from head 1 (the root, rank 0) and heads 2..D at the last accepted position."""
+    B, depth = head1_BxV.shape[0], self.depth
+    ranks = min(self.ranks, heads_BxDm1xV.shape[-1])
+    logp_BxDm1xR = jax.lax.top_k(jax.nn.log_softmax(heads_BxDm1xV[:, :depth - 1].astype(jnp.float32)), ranks)[0]
+    # Candidates in depth order: the root, then beam x ranks per depth below it. Each with (score, depth, rank,
+    # parent candidate).
+    score, cand_depth, cand_rank, cand_parent = [jnp.zeros((B, 1))], [0], [0], [-1]
+    beam_score_BxW, beam_index = jnp.zeros((B, 1)), jnp.zeros((B, 1), jnp.int32)  # the root is the first beam
+    offset = 1
+    for d in range(1, depth):
+      W = beam_score_BxW.shape[1]
+      child_BxWxR = beam_score_BxW[:, :, None] + logp_BxDm1xR[:, d - 1][:, None, :]
+      score.append(child_BxWxR.reshape(B, W * ranks))
+      cand_depth += [d] * (W * ranks)
+      cand_rank += list(range(ranks)) * W
+      cand_parent.append(jnp.repeat(beam_index, ranks, axis=1))  # [B, W * R]
+      width = min(self.beam, W * ranks)
+      beam_score_BxW, pick_BxW = jax.lax.top_k(child_BxWxR.reshape(B, W * ranks), width)
+      beam_index = offset + pick_BxW.astype(jnp.int32)
+      offset += W * ranks
+    score_BxM = jnp.concatenate(score, axis=1)
+    parent_cands = [jnp.full((B, 1), -1, jnp.int32)] + [p.astype(jnp.int32) for p in cand_parent[1:]]
+    parent_BxM = jnp.concatenate(parent_cands, axis=1)
+    M = score_BxM.shape[1]
+    # The N best; lax.top_k puts the lower index first on ties, and candidates are in depth order, so a child
+    # that ties its parent comes after it. Sorted by index: depth order, so parents precede their children.
+    chosen_BxN = jnp.sort(jax.lax.top_k(score_BxM, self.num_nodes)[1], axis=1).astype(jnp.int32)
+    position_BxM = jnp.full((B, M), -1, jnp.int32).at[jnp.arange(B)[:, None], chosen_BxN].set(
+        jnp.arange(self.num_nodes, dtype=jnp.int32))
+    parent_cand_BxN = jnp.take_along_axis(parent_BxM, chosen_BxN, axis=1)
+    parent_BxN = jnp.where(parent_cand_BxN < 0, -1,
+                           jnp.take_along_axis(position_BxM, jnp.maximum(parent_cand_BxN, 0), axis=1))
+    depth_BxN = jnp.asarray(np.array(cand_depth, np.int32))[chosen_BxN]
+    rank_BxN = jnp.asarray(np.array(cand_rank, np.int32))[chosen_BxN]
+    return row_tree(depth_BxN, rank_BxN, parent_BxN, depth, ranks)
 
 
-def tree_init(score_fn: ScoreFn, propose_fn: ProposeFn, state: Any, *, batch_size: int, paths: TreePaths,
-              max_len: int, bos_id: int, eos_id: int, criterion: Criterion = Criterion()) -> TreeState:
-  """The first model invocation (it only proposes the first tree from BOS) and the loop's initial TreeState."""
-  B, layout = batch_size, tree_layout(paths)
-  depth = tree_depth(paths)
-  logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
-  nodes_BxN, root_ok_BxN = _tree_nodes(logits_Bx1xV[:, 0], take_rows(hidden, jnp.zeros((B,), jnp.int32)),
-                                       propose_fn, layout, criterion)
-  rows = start_rows(argmax(logits_Bx1xV[:, 0]), depth=depth, max_len=max_len, eos_id=eos_id)
-  return TreeState(model_state=state, rows=rows, nodes_BxN=nodes_BxN, root_ok_BxN=root_ok_BxN, step=jnp.int32(0))
+def tree_arrays(tree: Layout | RowTree, batch: int) -> dict:
+  """depth, rank, parent [B, N], ancestor [B, N, N] and path [B, N, D] of either kind of tree (a Layout's numpy
+  constants broadcast: free), for code that serves both."""
+  if isinstance(tree, RowTree):
+    return {'depth': tree.depth_BxN, 'rank': tree.rank_BxN, 'parent': tree.parent_BxN,
+            'ancestor': tree.ancestor_BxNxN, 'path': tree.path_BxNxD}
+  b = lambda x: jnp.broadcast_to(jnp.asarray(x), (batch,) + x.shape)
+  return {'depth': b(tree.depth_N), 'rank': b(tree.rank_N), 'parent': b(tree.parent_N),
+          'ancestor': b(tree.ancestor_NxN), 'path': b(tree.path_NxD)}
 
 
-def tree_body(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, *, paths: TreePaths, max_len: int,
-              eos_id: int, criterion: Criterion = Criterion()):
-  """One tree iteration (verify N nodes, accept the longest passing path, move it into place, propose the next
-  tree), the body of `tree`'s while_loop: TreeState -> TreeState."""
-  layout = tree_layout(paths)
-  depth = tree_depth(paths)
-  depth_N, parent_N, path_NxD = layout['depth_N'], layout['parent_N'], layout['path_NxD']
-  inner = np.nonzero(parent_N >= 0)[0]  # nodes checked in this call (depth-0 nodes were checked at proposal)
+def mask_arg(tree: Layout | RowTree):
+  """What score_fn gets as its tree argument: (depth_N, ancestor_NxN) numpy constants for a static tree,
+  (depth_BxN, ancestor_BxNxN) arrays for a tree per row."""
+  if isinstance(tree, RowTree):
+    return (tree.depth_BxN, tree.ancestor_BxNxN)
+  return (tree.depth_N, tree.ancestor_NxN)
 
-  def body(s: TreeState):
+
+@flax.struct.dataclass
+class Rows:
+  """What the loop keeps per row: the output and its statistics. j = length_B[b] tokens accepted so far in row b;
+  D = the most tokens an iteration accepts (the tree's depth; k for the chain)."""
+  tokens_BxL: jax.Array        # int32 [B, max_len + D]; indices >= length_B[b] hold stale proposals
+  length_B: jax.Array          # int32 [B]; tokens accepted (EOS included)
+  done_B: jax.Array            # bool [B]; EOS accepted or max_len reached
+  iterations_B: jax.Array      # int32 [B]; iterations in which row b was still decoding
+  block_counts_BxD: jax.Array  # int32 [B, D + 1]; [b, n-1] = iterations of row b that produced n tokens
+  first_call_B: jax.Array      # int32 [B]; 1 where the first call alone produced the row (its one token ends it)
+
+
+@flax.struct.dataclass
+class LoopState:
+  """The carry of the loop. N nodes per tree."""
+  model_state: Any            # opaque decoder state (KV cache, encoder keys/values); leaves [B, ...]
+  rows: Rows
+  nodes_BxN: jax.Array        # int32 [B, N]; the tokens of the next tree (node 0: the next token)
+  tree: Any                   # the next tree: () for a static Layout (a trace-time constant), else a RowTree
+  memo: Any                   # the rule's note from draft to accept (leaves [B, ...])
+  step: jax.Array             # int32 []; loop iterations (= model invocations - 1)
+
+
+@flax.struct.dataclass
+class DecodeResult:
+  """What every decoder returns (greedy and sampling too: one token per iteration)."""
+  tokens_BxL: jax.Array        # int32 [B, max_len]; EOS included, 0 after it
+  length_B: jax.Array          # int32 [B]; tokens produced, EOS included
+  iterations_B: jax.Array      # int32 [B]; iterations (model calls after the first) in which the row decoded
+  block_counts_BxK: jax.Array  # int32 [B, D + 1]; histogram of the tokens produced per iteration, 1..D+1
+  first_call_B: jax.Array      # int32 [B]; 1 where the first call alone produced the row (summarize)
+  invocations: jax.Array       # int32 []; model calls for the whole batch (loop iterations + 1)
+
+
+def end_with_next_token(rows: Rows, next_B, *, fixed: Fixed, enabled: bool = True) -> tuple[Rows, jax.Array]:
+  """Appends the scoring model's next token next_B (head 1's choice after the accepted prefix) where it ends the
+  row: it is EOS, or the max_len-th token. The next iteration would accept it unverified (ŷ_{j+1} always passes)
+  and nothing else, a model call for nothing; `enabled` is the rule's ends_early (False where another root might
+  go deeper). Returns (rows, ended_B).
+
+  Writing next_B at length_B in the other rows too is harmless: the next iteration writes its proposals from there,
+  the first of which is next_B; finished rows are masked past their length at the end.
+  """
+  ended_B = ~rows.done_B & ((next_B == fixed.eos_id) | (rows.length_B + 1 >= fixed.max_len))
+  if not enabled:
+    return rows, jnp.zeros_like(ended_B)
+  tokens_BxL = rows.tokens_BxL.at[jnp.arange(next_B.shape[0]), rows.length_B].set(next_B)
+  return rows.replace(tokens_BxL=tokens_BxL, length_B=rows.length_B + ended_B.astype(jnp.int32),
+                      done_B=rows.done_B | ended_B), ended_B
+
+
+def start_rows(first_B, *, depth: int, fixed: Fixed, ends_early: bool = True) -> Rows:
+  """The rows after the first model call, which only proposes: empty, except that a row whose first token first_B
+  ends it (EOS, or max_len = 1) is done with this call."""
+  B = first_B.shape[0]
+  rows = Rows(tokens_BxL=jnp.zeros((B, fixed.max_len + depth), jnp.int32), length_B=jnp.zeros((B,), jnp.int32),
+              done_B=jnp.zeros((B,), bool), iterations_B=jnp.zeros((B,), jnp.int32),
+              block_counts_BxD=jnp.zeros((B, depth + 1), jnp.int32), first_call_B=jnp.zeros((B,), jnp.int32))
+  rows, ended_B = end_with_next_token(rows, first_B, fixed=fixed, enabled=ends_early)
+  return rows.replace(first_call_B=ended_B.astype(jnp.int32))
+
+
+def accept_block(rows: Rows, block_BxD, k_hat_B, *, fixed: Fixed) -> tuple[Rows, jax.Array]:
+  """Accepts block_BxD[b, :k̂] in every row: k̂ is cut at the first EOS inside the accepted block and at max_len,
+  and is 0 in finished rows. The whole block is written at j (the rejected tail is overwritten next time or masked
+  at the end). Returns (rows, the cut k_hat_B int32 [B])."""
+  eos_in_block_BxD = (block_BxD == fixed.eos_id) & (jnp.arange(block_BxD.shape[1])[None, :] < k_hat_B[:, None])
+  has_eos_B = jnp.any(eos_in_block_BxD, axis=1)
+  k_hat_B = jnp.where(has_eos_B, jnp.argmax(eos_in_block_BxD, axis=1) + 1, k_hat_B)
+  k_hat_B = jnp.where(rows.done_B, 0, jnp.minimum(k_hat_B, fixed.max_len - rows.length_B)).astype(jnp.int32)
+  tokens_BxL = jax.vmap(lambda row, new, j: jax.lax.dynamic_update_slice(row, new, (j,)))(
+      rows.tokens_BxL, block_BxD, jnp.minimum(rows.length_B, fixed.max_len))
+  length_B = rows.length_B + k_hat_B
+  return rows.replace(tokens_BxL=tokens_BxL, length_B=length_B,
+                      done_B=rows.done_B | has_eos_B | (length_B >= fixed.max_len)), k_hat_B
+
+
+def close_iteration(before: Rows, rows: Rows, k_hat_B, next_B, *, fixed: Fixed, ends_early: bool = True) -> Rows:
+  """Ends an iteration that started from `before` and accepted k_hat_B (`accept_block`): appends next_B where it
+  ends the row (`end_with_next_token`) and counts the iteration and its produced tokens in the rows that were
+  still decoding."""
+  rows, ended_B = end_with_next_token(rows, next_B, fixed=fixed, enabled=ends_early)
+  active_B = ~before.done_B
+  produced_B = k_hat_B + ended_B.astype(jnp.int32)
+  depth = rows.block_counts_BxD.shape[1] - 1
+  return rows.replace(
+      iterations_B=rows.iterations_B + active_B.astype(jnp.int32),
+      block_counts_BxD=rows.block_counts_BxD + (
+          active_B[:, None] & (jnp.arange(1, depth + 2)[None, :] == produced_B[:, None])).astype(jnp.int32))
+
+
+def _row_keys(key, batch_size):
+  """One PRNG stream per row, fold_in(key, row): a row's draws never depend on the other rows."""
+  return None if key is None else jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(batch_size))
+
+
+def block_keys(row_keys_B, start_B):
+  """The key of the block that starts at position start_B[b] in row b: fold_in(row key, start). A row's blocks
+  start at strictly increasing positions (k̂ >= 1), so every block of a row gets fresh draws."""
+  return None if row_keys_B is None else jax.vmap(jax.random.fold_in)(row_keys_B, start_B)
+
+
+def _draft(rule, tree, target, hidden_Bx___, propose_fn, depth, keys_B):
+  """The next tree and its tokens from the outputs at the last accepted position: (nodes_BxN, tree, memo); tree is
+  () for a static Layout (a constant of the trace), a RowTree for a Dynamic policy."""
+  B = jax.tree.leaves(hidden_Bx___)[0].shape[0]
+  heads_BxDm1xV = propose_fn(hidden_Bx___)[:, :depth - 1] if depth > 1 else jnp.zeros((B, 0, 1), jnp.float32)
+  if isinstance(tree, Dynamic):
+    row = tree.build(target['logits_BxV'], heads_BxDm1xV)
+    nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, row, keys_B)
+    return nodes_BxN, row, memo
+  nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, tree, keys_B)
+  return nodes_BxN, (), memo
+
+
+def blockwise_init(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None) -> LoopState:
+  """The first model invocation (BOS at position 0: it only proposes the first tree) and the loop's first state."""
+  B, depth = fixed.batch_size, tree.depth
+  logits_Bx1xV, hidden, state = fns.score(state, jnp.full((B, 1), fixed.bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
+  keys_B = block_keys(_row_keys(key, B), jnp.ones((B,), jnp.int32))
+  nodes_BxN, row_tree_, memo = _draft(rule, tree, rule.target(logits_Bx1xV[:, 0]),
+                                      take_rows(hidden, jnp.zeros((B,), jnp.int32)), fns.propose, depth, keys_B)
+  rows = start_rows(nodes_BxN[:, 0], depth=depth, fixed=fixed, ends_early=rule.ends_early(tree))
+  return LoopState(model_state=state, rows=rows, nodes_BxN=nodes_BxN, tree=row_tree_, memo=memo, step=jnp.int32(0))
+
+
+def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None):
+  """One iteration (verify every node, accept the deepest passing path, cut it, move it into place, draft the next
+  tree), the body of `blockwise`'s while_loop: LoopState -> LoopState. Public so that a benchmark can compile and
+  cost-analyse exactly one iteration."""
+  depth, ends_early = tree.depth, rule.ends_early(tree)
+  is_chain = isinstance(tree, Layout) and tree.is_chain
+
+  def body(s: LoopState):
     B = s.rows.length_B.shape[0]
-    start_B = s.rows.length_B + 1
-    # Verify: node n in slot start + n at position start + depth(n), seeing the prefix and its ancestors.
-    logits_BxNxV, hidden, model_state = score_fn(s.model_state, s.nodes_BxN, start_B,
-                                                 (depth_N, layout['ancestor_NxN']))
-    ok_BxN = s.root_ok_BxN
-    if len(inner):  # a node passes against its parent's head-1 output (the chain's position j+i checks ŷ_{j+i+1})
-      ok_BxN = ok_BxN.at[:, inner].set(
-          accept_mask(criterion, s.nodes_BxN[:, inner], logits_BxNxV[:, parent_N[inner]]))
-    # A node is accepted when it and all its ancestors pass; the deepest accepted node wins (ties: the first
-    # in canonical order, i.e. the higher-ranked choices).
-    accepted_BxN = ~jnp.any(layout['ancestor_NxN'][None] & ~ok_BxN[:, None, :], axis=-1)
-    best_B = jnp.argmax(jnp.where(accepted_BxN, depth_N[None] + 1, 0), axis=1)
-    k_hat_B = jnp.asarray(depth_N)[best_B] + 1
-    if criterion.min_block > 1:  # forced: the all-rank-0 path of min_block nodes (the chain's first L proposals)
-      forced = int(layout['zero_path_D'][criterion.min_block - 1])
-      best_B = jnp.where(k_hat_B < criterion.min_block, forced, best_B)
-      k_hat_B = jnp.maximum(k_hat_B, criterion.min_block)
-    path_BxD = jnp.asarray(path_NxD)[best_B]
-    block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
-    # Stop at the first EOS inside the accepted block, and at max_len (as the chain does).
-    rows, k_hat_B = accept_block(s.rows, block_BxD, k_hat_B, eos_id=eos_id, max_len=max_len)
-    # The accepted path's keys and values go to slots start .. start + D - 1 (past k̂: stale, masked later).
-    model_state = move_fn(model_state, start_B, path_BxD)
-    last_B = jnp.take_along_axis(path_BxD, jnp.maximum(k_hat_B - 1, 0)[:, None], axis=1)[:, 0]  # node of j + k̂
-    logits_BxV = logits_BxNxV[jnp.arange(B), last_B]
-    nodes_BxN, root_ok_BxN = _tree_nodes(logits_BxV, take_rows(hidden, last_B), propose_fn, layout, criterion)
-    rows = close_iteration(s.rows, rows, k_hat_B, argmax(logits_BxV), eos_id=eos_id, max_len=max_len)
-    return TreeState(model_state=model_state, rows=rows, nodes_BxN=nodes_BxN, root_ok_BxN=root_ok_BxN,
+    start_B = s.rows.length_B + 1  # the first node's slot and position, j + 1
+    verified = tree if isinstance(tree, Layout) else s.tree
+    # Verify: node n in slot start + n at position start + depth(n), seeing the prefix and its ancestors (the
+    # chain: positions start .. start + k - 1, causal, no mask needed).
+    tree_arg = () if is_chain else (mask_arg(verified),)
+    logits_BxNxV, hidden, model_state = fns.score(s.model_state, s.nodes_BxN, start_B, *tree_arg)
+    row_keys_B = _row_keys(key, B)
+    last_B, target = rule.accept(s.nodes_BxN, logits_BxNxV, s.memo, verified, block_keys(row_keys_B, start_B))
+    if is_chain:  # the block is the proposals themselves, written at j
+      k_hat_B, block_BxD = last_B + 1, s.nodes_BxN
+    else:
+      t = tree_arrays(verified, B)
+      k_hat_B = jnp.take_along_axis(t['depth'], last_B[:, None], axis=1)[:, 0] + 1
+      path_BxD = jnp.take_along_axis(t['path'], last_B[:, None, None], axis=1)[:, 0]
+      block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
+    # Accept: cut at the first EOS inside the block and at max_len.
+    rows, k_hat_B = accept_block(s.rows, block_BxD, k_hat_B, fixed=fixed)
+    if not is_chain:  # the accepted path's keys and values to slots start .. start + D - 1 (past k̂: stale)
+      model_state = fns.move(model_state, start_B, path_BxD)
+    # Combined scoring and proposal (paper §4): the outputs at the last accepted node draft the next tree.
+    nodes_BxN, row_tree_, memo = _draft(rule, tree, target, take_rows(hidden, last_B), fns.propose, depth,
+                                        block_keys(row_keys_B, rows.length_B + 1))
+    rows = close_iteration(s.rows, rows, k_hat_B, nodes_BxN[:, 0], fixed=fixed, ends_early=ends_early)
+    return LoopState(model_state=model_state, rows=rows, nodes_BxN=nodes_BxN, tree=row_tree_, memo=memo,
                      step=s.step + 1)
   return body
 
 
-def tree(score_fn: ScoreFn, propose_fn: ProposeFn, move_fn: MoveFn, state: Any, *, batch_size: int,
-         paths: TreePaths, k: int, max_len: int, bos_id: int, eos_id: int,
-         criterion: Criterion = Criterion()) -> BlockwiseResult:
-  """Blockwise parallel decoding that verifies a tree of candidate blocks per iteration (section comment above).
+def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None) -> DecodeResult:
+  """Blockwise parallel decoding (paper §3-§4) over a tree of candidates with an acceptance rule: the one loop of
+  every blockwise method (the section comment above).
 
-  paths: a topology (`check_tree`), static; k: the heads propose_fn offers (the tree uses the first D =
-  tree_depth(paths)). One model invocation per iteration, as the chain: score_fn is called with the tree
-  (depth_N, ancestor_NxN) as a fourth argument. The state needs a cache of at least max_len + N + 1 slots.
-  With the one-path tree chain_tree(k) the result equals `blockwise` with k heads exactly. The result's
-  block_counts_BxK has D + 1 columns.
+  tree: a Layout (`layout(check_tree(paths, k))`; the paper's chain is layout(chain_tree(k))) or a Dynamic policy;
+  rule: a Criterion (greedy acceptance) or another rule (speculative.Sampling); key: a jax.random key for rules
+  that draw (row b uses fold_in(key, b)). One model invocation per iteration plus one at the start; each row
+  accepts its own k̂. The state needs a cache of at least max_len + N + 1 slots (decoder.cache_len).
   """
-  paths = check_tree(paths, k)
-  zero_path_D = tree_layout(paths)['zero_path_D']
-  if criterion.min_block > 1 and (criterion.min_block > len(zero_path_D) or zero_path_D[criterion.min_block - 1] < 0):
-    raise UserError(f'min_block={criterion.min_block} forces the path {(0,) * criterion.min_block} of rank-0 '
-                    f'choices (the chain\'s first proposals), which the tree {paths} lacks: add it or lower min_block.')
+  rule.check(tree)
+  if rule.draws and key is None:
+    raise ValueError(f'the rule {rule} draws: blockwise needs a key')
+  if not (isinstance(tree, Layout) and tree.is_chain) and fns.move is None:
+    raise ValueError('a tree that is not a chain needs a move_fn (ModelFns.move)')
+  first = blockwise_init(fns, state, fixed=fixed, tree=tree, rule=rule, key=key)
+  body = blockwise_body(fns, fixed=fixed, tree=tree, rule=rule, key=key)
 
-  first = tree_init(score_fn, propose_fn, state, batch_size=batch_size, paths=paths, max_len=max_len, bos_id=bos_id,
-                    eos_id=eos_id, criterion=criterion)
-  body = tree_body(score_fn, propose_fn, move_fn, paths=paths, max_len=max_len, eos_id=eos_id, criterion=criterion)
-  return run_loop(first, body, max_len=max_len)
+  def cond(s):
+    return (s.step < fixed.max_len) & ~jnp.all(s.rows.done_B)
+
+  s = jax.lax.while_loop(cond, body, first)
+  return DecodeResult(
+      tokens_BxL=_mask_after(s.rows.tokens_BxL[:, :fixed.max_len], s.rows.length_B),
+      length_B=s.rows.length_B,
+      iterations_B=s.rows.iterations_B,
+      block_counts_BxK=s.rows.block_counts_BxD,
+      first_call_B=s.rows.first_call_B,
+      invocations=s.step + 1)
 
 
-def summarize(result: BlockwiseResult) -> dict:
-  """Host-side statistics of one decoded batch (sum them over batches, then divide; DESIGN §2)."""
+def summarize(result: DecodeResult) -> dict:
+  """Host-side statistics of one decoded batch (sum them over batches, then divide; DESIGN §2), defined here only.
+
+  tokens: every token produced (EOS included); iterations: model calls after the first, per row;
+  mean_accepted_block_size = tokens / iterations; block_size_histogram[n - 1]: iterations that produced n tokens;
+  first_call_tokens: the rows the first call produced alone (their one token ends them: no iteration). So
+  tokens = sum_n n * histogram[n - 1] + first_call_tokens, and both counts agree on what they leave out.
+  """
   tokens = int(jnp.sum(result.length_B))
   iterations = int(jnp.sum(result.iterations_B))
   return {
@@ -590,6 +808,7 @@ def summarize(result: BlockwiseResult) -> dict:
       'batch_invocations': int(result.invocations),
       'mean_accepted_block_size': tokens / max(iterations, 1),
       'block_size_histogram': [int(c) for c in jnp.sum(result.block_counts_BxK, axis=0)],
+      'first_call_tokens': int(jnp.sum(result.first_call_B)),
   }
 
 
@@ -600,14 +819,25 @@ def brevity_penalty(alpha: float, length) -> jax.Array:
   return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, alpha)
 
 
-def beam_search(score_fn: ScoreFn, state: Any, *, batch_size: int, beam_size: int, max_len: int, bos_id: int,
-                eos_id: int, alpha: float = 0.6):
-  """Beam search with a length penalty; `state` has batch_size rows and is tiled to batch_size * beam_size.
+@flax.struct.dataclass
+class BeamState:
+  """The carry of beam search: W beams per row alive, W finished hypotheses kept (best first)."""
+  step: jax.Array              # int32 []
+  alive_logp_BxW: jax.Array    # float32 [B, W]; log-probability of each alive beam
+  alive_seq_BxWxL: jax.Array   # int32 [B, W, max_len]
+  fin_score_BxW: jax.Array     # float32 [B, W]; length-normalized score of each finished hypothesis
+  fin_flag_BxW: jax.Array      # bool [B, W]; the slot holds a finished hypothesis
+  fin_seq_BxWxL: jax.Array     # int32 [B, W, max_len]
+  model_state: Any             # decoder state of the alive beams; leaves [B * W, ...]
+
+
+def beam_search(score_fn: ScoreFn, state: Any, *, fixed: Fixed, beam_size: int, alpha: float = 0.6):
+  """Beam search with a length penalty; `state` has fixed.batch_size rows and is tiled to batch_size * beam_size.
 
   Returns (tokens_BxWxL [B, beam, max_len], scores_BxW), best first; scores are log-probabilities divided by
   the brevity penalty. Beams that never emit EOS are returned if no beam finished.
   """
-  B, W = batch_size, beam_size
+  B, W, max_len = fixed.batch_size, beam_size, fixed.max_len
   neg_inf = jnp.float32(-1e7)
   state = jax.tree.map(lambda x: jnp.repeat(x, W, axis=0), state)
   batch_pos_BxW = jnp.arange(B)[:, None] * W
@@ -616,51 +846,51 @@ def beam_search(score_fn: ScoreFn, state: Any, *, batch_size: int, beam_size: in
     return jnp.take_along_axis(x_BxWx___, beam_idx_BxN.reshape(beam_idx_BxN.shape + (1,) * (x_BxWx___.ndim - 2)),
                                axis=1)
 
-  def cond(c):
-    step, alive_logp_BxW, _, fin_score_BxW, fin_flag_BxW, _, _ = c
+  def cond(c: BeamState):
     # Stop once no alive beam can still beat the worst finished beam (its score can only fall with length).
-    best_alive_B = alive_logp_BxW[:, 0] / brevity_penalty(alpha, max_len)
-    worst_fin_B = jnp.min(jnp.where(fin_flag_BxW, fin_score_BxW, neg_inf), axis=1)
-    all_settled = jnp.all(jnp.all(fin_flag_BxW, axis=1) & (worst_fin_B >= best_alive_B))
-    return (step < max_len) & ~all_settled
+    best_alive_B = c.alive_logp_BxW[:, 0] / brevity_penalty(alpha, max_len)
+    worst_fin_B = jnp.min(jnp.where(c.fin_flag_BxW, c.fin_score_BxW, neg_inf), axis=1)
+    all_settled = jnp.all(jnp.all(c.fin_flag_BxW, axis=1) & (worst_fin_B >= best_alive_B))
+    return (c.step < max_len) & ~all_settled
 
-  def body(c):
-    step, alive_logp_BxW, alive_seq_BxWxL, fin_score_BxW, fin_flag_BxW, fin_seq_BxWxL, state = c
-    last_BxW = jnp.where(step == 0, bos_id, alive_seq_BxWxL[:, :, jnp.maximum(step - 1, 0)])
-    logits, _, state = score_fn(state, last_BxW.reshape(B * W, 1), jnp.full((B * W,), step, jnp.int32))
+  def body(c: BeamState):
+    step = c.step
+    last_BxW = jnp.where(step == 0, fixed.bos_id, c.alive_seq_BxWxL[:, :, jnp.maximum(step - 1, 0)])
+    logits, _, model_state = score_fn(c.model_state, last_BxW.reshape(B * W, 1), jnp.full((B * W,), step, jnp.int32))
     logp_BxWxV = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(B, W, -1)
     vocab = logp_BxWxV.shape[-1]
-    cand_BxWV = (alive_logp_BxW[:, :, None] + logp_BxWxV).reshape(B, W * vocab)
+    cand_BxWV = (c.alive_logp_BxW[:, :, None] + logp_BxWxV).reshape(B, W * vocab)
     # 2W candidates: enough that W of them are not EOS.
     top_logp_Bx2W, top_idx_Bx2W = jax.lax.top_k(cand_BxWV, 2 * W)
     top_beam_Bx2W, top_tok_Bx2W = top_idx_Bx2W // vocab, top_idx_Bx2W % vocab
-    top_seq = gather_beams(alive_seq_BxWxL, top_beam_Bx2W).at[:, :, step].set(top_tok_Bx2W)
-    top_eos_Bx2W = top_tok_Bx2W == eos_id
+    top_seq = gather_beams(c.alive_seq_BxWxL, top_beam_Bx2W).at[:, :, step].set(top_tok_Bx2W)
+    top_eos_Bx2W = top_tok_Bx2W == fixed.eos_id
 
     alive_cand_Bx2W = jnp.where(top_eos_Bx2W, neg_inf, top_logp_Bx2W)
     alive_logp_BxW, pick_BxW = jax.lax.top_k(alive_cand_Bx2W, W)
     alive_seq_BxWxL = gather_beams(top_seq, pick_BxW)
     origin_BxW = jnp.take_along_axis(top_beam_Bx2W, pick_BxW, axis=1)
-    state = jax.tree.map(lambda x: x[(batch_pos_BxW + origin_BxW).reshape(-1)], state)
+    model_state = jax.tree.map(lambda x: x[(batch_pos_BxW + origin_BxW).reshape(-1)], model_state)
 
     # A hypothesis ends only where its EOS ranks among the W best candidates (as in fairseq): a runner-up
     # EOS that the beam did not choose is dropped. With W = 1 and alpha = 0 this makes beam search exactly
     # greedy; with alpha > 0 a longer hypothesis may still beat greedy's on length-normalized score.
     ends_Bx2W = top_eos_Bx2W & (jnp.arange(2 * W)[None, :] < W)
     new_fin_Bx2W = jnp.where(ends_Bx2W, top_logp_Bx2W / brevity_penalty(alpha, step + 1), neg_inf)
-    all_score = jnp.concatenate([fin_score_BxW, new_fin_Bx2W], axis=1)
-    all_flag = jnp.concatenate([fin_flag_BxW, ends_Bx2W], axis=1)
-    all_seq = jnp.concatenate([fin_seq_BxWxL, top_seq], axis=1)
+    all_score = jnp.concatenate([c.fin_score_BxW, new_fin_Bx2W], axis=1)
+    all_flag = jnp.concatenate([c.fin_flag_BxW, ends_Bx2W], axis=1)
+    all_seq = jnp.concatenate([c.fin_seq_BxWxL, top_seq], axis=1)
     fin_score_BxW, keep_BxW = jax.lax.top_k(jnp.where(all_flag, all_score, neg_inf), W)
-    fin_flag_BxW = jnp.take_along_axis(all_flag, keep_BxW, axis=1)
-    fin_seq_BxWxL = gather_beams(all_seq, keep_BxW)
-    return step + 1, alive_logp_BxW, alive_seq_BxWxL, fin_score_BxW, fin_flag_BxW, fin_seq_BxWxL, state
+    return BeamState(step=step + 1, alive_logp_BxW=alive_logp_BxW, alive_seq_BxWxL=alive_seq_BxWxL,
+                     fin_score_BxW=fin_score_BxW, fin_flag_BxW=jnp.take_along_axis(all_flag, keep_BxW, axis=1),
+                     fin_seq_BxWxL=gather_beams(all_seq, keep_BxW), model_state=model_state)
 
   init_logp = jnp.concatenate([jnp.zeros((B, 1)), jnp.full((B, W - 1), neg_inf)], axis=1)
-  carry = (jnp.int32(0), init_logp, jnp.zeros((B, W, max_len), jnp.int32), jnp.full((B, W), neg_inf),
-           jnp.zeros((B, W), bool), jnp.zeros((B, W, max_len), jnp.int32), state)
-  _, alive_logp, alive_seq, fin_score, fin_flag, fin_seq, _ = jax.lax.while_loop(cond, body, carry)
-  any_fin_B = jnp.any(fin_flag, axis=1)
-  tokens = jnp.where(any_fin_B[:, None, None], fin_seq, alive_seq)
-  scores = jnp.where(any_fin_B[:, None], fin_score, alive_logp / brevity_penalty(alpha, max_len))
+  first = BeamState(step=jnp.int32(0), alive_logp_BxW=init_logp, alive_seq_BxWxL=jnp.zeros((B, W, max_len), jnp.int32),
+                    fin_score_BxW=jnp.full((B, W), neg_inf), fin_flag_BxW=jnp.zeros((B, W), bool),
+                    fin_seq_BxWxL=jnp.zeros((B, W, max_len), jnp.int32), model_state=state)
+  c = jax.lax.while_loop(cond, body, first)
+  any_fin_B = jnp.any(c.fin_flag_BxW, axis=1)
+  tokens = jnp.where(any_fin_B[:, None, None], c.fin_seq_BxWxL, c.alive_seq_BxWxL)
+  scores = jnp.where(any_fin_B[:, None], c.fin_score_BxW, c.alive_logp_BxW / brevity_penalty(alpha, max_len))
   return tokens, scores

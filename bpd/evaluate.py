@@ -52,8 +52,7 @@ class SplitData:
 @dataclasses.dataclass(frozen=True)
 class SweepSettings:
   """What decode_split decodes a split with, and how it times it."""
-  sweep: tuple  # (k', criterion) chains (checks.check_decode)
-  tree_sweep: tuple = ()  # (tree spec, paths, criterion) (checks.check_trees)
+  sweep: tuple  # decoder.Setting: chains, then trees (checks.check_decode)
   temperature: float = 0.0  # > 0: also a sampled row at this temperature
   seed: int = 0  # the sampled row's seed
   timing_examples: int = 0  # time on the first N examples (0: all)
@@ -71,10 +70,10 @@ def _decode_setting(fn, src_ids, batch_size, bucket, what):
 
 def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: SweepSettings, batch_size, out_dir,
                  model_k, step):
-  """Greedy, then sampling (if settings.temperature > 0), then every (k', criterion) of settings.sweep, then every
-  (tree spec, topology, criterion) of settings.tree_sweep on one split at one batch size. Returns (records,
-  {setting name: outputs}); a record's 'tree' is its tree spec ('chain' for the sweep's chains) and 'tree_nodes'
-  its number of nodes (k' for a chain).
+  """Greedy, then sampling (if settings.temperature > 0), then every blockwise setting of settings.sweep (a
+  decoder.Setting: rule and tree) on one split at one batch size. Returns (records, {setting name: outputs}); a
+  record's 'tree' is its tree spec ('chain' for the sweep's chains) and 'tree_nodes' its number of nodes (k' for a
+  chain).
 
   `task` (bpd/tasks.py) turns tokens into outputs (sentences or images), scores them against data.references
   (quality: BLEU or PSNR, plus its own fields), adds its baselines from data.inputs and writes one output file per
@@ -85,15 +84,15 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
   (a subset's own, shorter bucket would compile inside the first timed run).
   """
   split, src_ids, references, inputs = data.name, data.src_ids, data.references, data.inputs
-  sweep, tree_sweep, temperature, seed = settings.sweep, settings.tree_sweep, settings.temperature, settings.seed
+  sweep, temperature, seed = settings.sweep, settings.temperature, settings.seed
   timing_examples, timing_repeats = settings.timing_examples, settings.timing_repeats
   bucket = decoder_lib.source_bucket(src_ids)
   timing_ids = src_ids[:timing_examples] if timing_examples else src_ids
   greedy_fn = lambda src: decoder.greedy(params, src)
   greedy_out, _ = _decode_setting(greedy_fn, src_ids, batch_size, bucket, f'{split} greedy b{batch_size}')
-  greedy_tokens = [o[0] for o in greedy_out]
+  greedy_tokens = [o.tokens_BxL for o in greedy_out]
   greedy_outputs = task.outputs(tokenizer, greedy_tokens)
-  greedy_count = int(sum(int(o[1]) for o in greedy_out))
+  greedy_count = int(sum(int(o.length_B) for o in greedy_out))
   greedy_scores = task.scores(greedy_outputs, references, greedy_outputs)
   greedy_seconds, = decoder_lib.time_side_by_side([greedy_fn], timing_ids, batch_size, timing_repeats, bucket,
                                                   f'{split} greedy b{batch_size}')
@@ -118,7 +117,7 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
     out, _ = _decode_setting(fn, src_ids, batch_size, bucket, f'{split} {name} b{batch_size}')
     g_seconds, seconds = decoder_lib.time_side_by_side([baseline_fn, fn], timing_ids, batch_size, timing_repeats,
                                                        bucket, f'{split} {name} b{batch_size}')
-    tokens = [o[0] if isinstance(o, tuple) else o.tokens_BxL for o in out]
+    tokens = [o.tokens_BxL for o in out]
     outputs = task.outputs(tokenizer, tokens)
     outputs_by_name[name] = outputs
     task.write_outputs(os.path.join(out_dir, f'{split}.{name}.b{batch_size}'), outputs)
@@ -133,29 +132,21 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
   if temperature > 0:  # ancestral sampling: the baseline of the 'speculative' rows
     criterion = f'sample:{temperature:g}'
     out, fields = measure(decoder_lib.setting_name(1, criterion), sample_fn)
-    count = int(sum(int(o[1]) for o in out))
+    count = int(sum(int(o.length_B) for o in out))
     records.append({**base, **one_per_call, 'iterations': count, 'invocations': count, 'tokens': count,
                     'criterion': criterion, **sampling_fields, **fields})
     logging.info('%s b%d %s: %s', split, batch_size, criterion, _fields(fields))
 
-  settings = [(k, criterion, None, None) for k, criterion in sweep]
-  settings += [(decoding.tree_depth(paths) if paths else model_k, criterion, spec, paths)
-               for spec, paths, criterion in tree_sweep]
-  for k, criterion, tree_spec, paths in settings:
-    name = decoder_lib.setting_name(k, criterion, tree_spec)
+  for setting in sweep:
+    name, rule = setting.name, setting.rule
     batch_invocations = []  # model calls of each batch: its slowest row decides when the batch is done
 
-    def blockwise_fn(src, k=k, criterion=criterion, paths=paths, calls=batch_invocations):
-      if criterion == speculative.CRITERION:  # lossless sampling at the sampled row's temperature and seed
-        result = decoder.speculative(params, src, k=k, temperature=temperature, seed=seed, paths=paths, **truncation)
-      elif paths is None:  # a chain ('chain' in config.decode.trees too): the paper's loop
-        result = decoder.blockwise(params, src, k=k, criterion=criterion)
-      else:
-        result = decoder.tree(params, src, paths=paths, criterion=criterion)
+    def blockwise_fn(src, setting=setting, calls=batch_invocations):
+      result = decoder.blockwise(params, src, setting.rule, setting.tree, seed=seed)
       calls.append(result.invocations)
       return result
 
-    sampled = criterion == speculative.CRITERION
+    sampled = isinstance(rule, speculative.Sampling)
     # Speculative sampling's speedup is over ancestral sampling at the same temperature, timed side by side.
     out, fields = measure(name, blockwise_fn, *((sample_fn, 'sample') if sampled else ()))
     if sampled:
@@ -166,11 +157,12 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
     calls = int(sum(int(c) for c in batch_invocations[1:1 + num_batches]))
     split_result = jax.tree.map(lambda *rows: np.stack(rows), *out).replace(invocations=np.int32(calls))
     stats = decoding.summarize(split_result)
-    records.append({**base, 'k': k, 'criterion': str(criterion), 'tree': tree_spec or 'chain',
-                    'tree_nodes': len(paths) if paths else k, **fields,
+    records.append({**base, 'k': setting.k, 'criterion': str(rule), 'tree': setting.spec,
+                    'tree_nodes': setting.tree.num_nodes, **fields,
                     'mean_accepted_block_size': stats['mean_accepted_block_size'], 'iterations': stats['iterations'],
                     'invocations': stats['row_invocations'], 'batch_invocations': stats['batch_invocations'],
-                    'tokens': stats['tokens'], 'block_size_histogram': stats['block_size_histogram']})
+                    'tokens': stats['tokens'], 'block_size_histogram': stats['block_size_histogram'],
+                    'first_call_tokens': stats['first_call_tokens']})
     logging.info('%s b%d %s: %s, mean accepted block %.2f', split, batch_size, name,
                  _fields(fields), stats['mean_accepted_block_size'])
   return records, outputs_by_name
@@ -203,10 +195,9 @@ def decode_sweep(config, workdir: str) -> list[dict]:
 def _decode_sweep(config, workdir: str) -> list[dict]:
   task = tasks.for_config(config)
   model_config = checkpoint.read_model_config(workdir)
-  sweep = checks.check_decode(config, workdir, model_config.k)
+  sweep = checks.check_decode(config, workdir, model_config)
   task.check_decode(config)
-  settings = SweepSettings(sweep, checks.check_trees(config, workdir, model_config.k, model_config.head_type),
-                           config.decode.temperature, config.decode.seed, config.decode.timing_examples,
+  settings = SweepSettings(tuple(sweep), config.decode.temperature, config.decode.seed, config.decode.timing_examples,
                            config.decode.timing_repeats, config.decode.sample_top_k, config.decode.sample_top_p)
   mesh = sharding.make_mesh(config.model_axis_size)
   _, params, step, tokenizer, decoder = load_for_decoding(config, workdir, task, mesh)

@@ -212,26 +212,34 @@ def query_positions(start_B: jax.Array, batch: int, num_new: int) -> jax.Array:
 
 
 def tree_positions(start_B: jax.Array, batch: int, depth_N) -> jax.Array:
-  """Positions start_B[b] + depth_N[n] of the N nodes of a candidate tree (bpd/decoding.py, tree): [B, N]."""
-  return jnp.broadcast_to(jnp.asarray(start_B)[..., None] + jnp.asarray(depth_N), (batch, len(depth_N)))
+  """Positions start_B[b] + depth[n] of the N nodes of a candidate tree (bpd/decoding.py, blockwise): [B, N].
+  depth_N: [N] (a static tree, numpy) or [B, N] (a tree per row)."""
+  return jnp.broadcast_to(jnp.asarray(start_B)[..., None] + jnp.asarray(depth_N), (batch, depth_N.shape[-1]))
 
 
 def tree_self_mask(start_B: jax.Array, batch: int, slots_BxL: jax.Array, depth_N, ancestor_NxN):
   """Self-attention of the N nodes of a candidate tree written to slots start_B[b] .. start_B[b] + N - 1.
 
   Node n sees the slots before start_B[b] (the accepted prefix) and the slots of its ancestors and itself
-  (ancestor_NxN[n, m], a numpy constant); the other nodes of the tree and the stale slots after it are masked.
+  (ancestor_NxN[n, m]: a numpy constant, or [B, N, N] for a tree per row, with depth_N [B, N]); the other nodes of
+  the tree and the stale slots after it are masked.
   slots_BxL: the cache slots attended ([1 or B, L]: the whole cache, or local attention's `key_window`).
   Returns (mask_BxNxL, key_positions_BxL): the positions of what each slot holds (slot l holds position l,
   except the tree's slots, which hold start + depth), for local attention's block mask.
   """
-  num = len(depth_N)
+  num = depth_N.shape[-1]
   rel_BxL = slots_BxL - jnp.broadcast_to(jnp.asarray(start_B), (batch,))[:, None]
   in_tree_BxL = (rel_BxL >= 0) & (rel_BxL < num)
   node_BxL = jnp.clip(rel_BxL, 0, num - 1)
-  ancestor_BxNxL = jnp.moveaxis(jnp.asarray(ancestor_NxN)[:, node_BxL], 0, 1)
+  if depth_N.ndim == 1:  # one static tree for every row
+    ancestor_BxNxL = jnp.moveaxis(jnp.asarray(ancestor_NxN)[:, node_BxL], 0, 1)
+    node_depth_BxL = jnp.asarray(depth_N)[node_BxL]
+  else:  # a tree per row
+    node_BxL = jnp.broadcast_to(node_BxL, (batch, node_BxL.shape[1]))
+    ancestor_BxNxL = jnp.take_along_axis(ancestor_NxN, node_BxL[:, None, :], axis=2)
+    node_depth_BxL = jnp.take_along_axis(depth_N, node_BxL, axis=1)
   mask_BxNxL = (rel_BxL < 0)[:, None, :] | (in_tree_BxL[:, None, :] & ancestor_BxNxL)
-  key_positions_BxL = jnp.where(in_tree_BxL, slots_BxL - rel_BxL + jnp.asarray(depth_N)[node_BxL], slots_BxL)
+  key_positions_BxL = jnp.where(in_tree_BxL, slots_BxL - rel_BxL + node_depth_BxL, slots_BxL)
   return mask_BxNxL, key_positions_BxL
 
 
@@ -406,8 +414,9 @@ class DecoderLayer(nn.Module):
   def extend(self, x_BxTxD, cache, start_B, cross_mask_BxTxS, tree=None):
     """Run T new positions per row, at positions start_B[b] .. start_B[b] + T - 1. Returns (y_BxTxD, cache).
 
-    tree = (depth_N, ancestor_NxN) (bpd/decoding.py, tree): the T = N tokens are the nodes of a candidate tree,
-    in slots start_B[b] + n at positions start_B[b] + depth_N[n], each seeing the prefix and its ancestors.
+    tree = (depth_N, ancestor_NxN) or per row (depth_BxN, ancestor_BxNxN) (bpd/decoding.py, mask_arg): the T = N
+    tokens are the nodes of a candidate tree, in slots start_B[b] + n at positions start_B[b] + depth[n], each seeing
+    the prefix and its ancestors.
     """
     h = self.ln_self(x_BxTxD)
     k_new_BxTxHxK, v_new_BxTxHxK = self.self_attn.project_kv(h)

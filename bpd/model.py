@@ -10,7 +10,7 @@ Methods:
   encode / decode_hidden / head_hidden / logits: the pieces of __call__, for losses that save memory.
   init_decode_state(src, ...)  -> per-row decoder state (KV cache + encoder keys/values), leaves [B, ...].
   score(state, tokens, start)  -> head-1 logits at T new positions, their hidden states, new state.
-  score(state, tokens, start, tree) -> the same for the N nodes of a candidate tree (bpd/decoding.py, tree);
+  score(state, tokens, start, tree) -> the same for the N nodes of a candidate tree (bpd/decoding.py, blockwise);
                                   `move_cache` then moves the accepted path's keys and values into place.
   propose(hidden)              -> logits of heads 2..k at one position per row (with head_type='sequential' one
                                   head after the other, each fed the previous one's argmax).
@@ -327,9 +327,10 @@ class Transformer(nn.Module):
 
     Returns (head-1 logits [B, T, V], decoder output [B, T, D], new state). Only head 1 is projected
     onto the vocabulary here: verification needs nothing else (DESIGN §3, no k² projections).
-    tree = (depth_N, ancestor_NxN), numpy: the T = N tokens are the nodes of a candidate tree (bpd/decoding.py,
-    tree), in slots start_B[b] + n at positions start_B[b] + depth_N[n], each attending to the prefix and its
-    own ancestors only (layers.tree_self_mask). A separate branch: without a tree nothing changes.
+    tree = (depth_N, ancestor_NxN) numpy, or per row (depth_BxN, ancestor_BxNxN) (bpd/decoding.py, mask_arg): the
+    T = N tokens are the nodes of a candidate tree, in slots start_B[b] + n at positions start_B[b] + depth[n], each
+    attending to the prefix and its own ancestors only (layers.tree_self_mask). A separate branch: without a tree
+    nothing changes.
     """
     if tree is not None and self._sequential():
       raise UserError(SEQUENTIAL_TREES)

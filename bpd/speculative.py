@@ -7,8 +7,9 @@ ancestral sampling, whatever the heads say), with the rejection rule of speculat
 and, for trees, recursive rejection over siblings (SpecInfer, Miao et al. 2024, "multi-step speculative
 sampling", its Algorithm 2 and Theorem 4.2). docs/speculative.md states the rules and why they are lossless.
 
-Interface: the same score_fn / propose_fn / move_fn as bpd/decoding.py (see its docstring), and the same
-BlockwiseResult, so decoding.summarize works on the result.
+Interface: `Sampling` is an acceptance rule of decoding.blockwise, the one blockwise loop (its `check`, `target`,
+`draft` and `accept`; bpd/decoding.py): the loop, the trees, the EOS / max_len cut and the statistics are
+decoding's, shared with the greedy criteria.
 
 One iteration, j tokens accepted in a row (D = the tree's depth; the chain of k is the one-path tree,
 decoding.chain_tree(k), D = k):
@@ -35,13 +36,9 @@ Design choices:
     accepted with probability p(argmax q) <= max_v p(v), small whenever p is flat (high T, open-ended text,
     pixel noise). At T -> 0 both become greedy. The cost: with several children per node, iid drafts can repeat a
     token, and a repeated sibling is rarely accepted after its twin was rejected (its residual mass is gone).
-  * One loop for chains and trees: the chain is the one-path tree. The rows' state, the EOS / max_len cut, the
-    token writes and the statistics are decoding's (decoding.Rows, accept_block, close_iteration), shared with the
-    greedy-acceptance chain and tree loops. What a chain needs less is decided at trace time:
-    for a one-path topology score_fn is called without the tree mask (slots are positions, the block is causal)
-    and move_fn is skipped (the path is already contiguous), so the chain keeps the blockwise chain's calls. The
-    walk over siblings is a static Python loop over the tree's nodes: for the chain it reads as "try the single
-    child, stop at the first rejection".
+  * One loop for chains and trees (decoding.blockwise): the chain is the one-path tree, decoded without a tree
+    mask or a cache move. The walk over siblings is a static Python loop over the tree's nodes: for the chain it
+    reads as "try the single child, stop at the first rejection".
   * Randomness: one PRNG stream per row, fold_in(key, row), and per block, fold_in(row stream, the block's start
     position j + 1). A row's blocks start at strictly increasing positions (k̂ >= 1), so every block draws fresh:
     2N uniforms, one per node to pick its token by inverse CDF (the root from r, a draft from its q) and one per
@@ -49,7 +46,7 @@ Design choices:
     source): it does not depend on the other rows of the batch. Inverse-CDF draws need one uniform per token where
     Gumbel-max (Decoder.sample's) needs V; their float32 cumulative sums are exact to ~1e-7 of the probabilities.
   * Acceptance criteria: sampling is exact; `top_k:`, `distance:` and `min_block:` would change the distribution,
-    and are a UserError (check_criterion) before anything is traced.
+    and are a UserError (parse_rule) before anything is traced.
   * Truncated sampling (top_k, top_p; `sampling_logits`): the target is then the truncated, renormalised p, and the
     heads' q are truncated the same way. The rule above is exact for any target and any q, so the samples follow
     ancestral sampling of the truncated model (Decoder.sample with the same top_k, top_p), as before.
@@ -65,33 +62,82 @@ import numpy as np
 from bpd import decoding
 from bpd.errors import UserError
 
-CRITERION = 'speculative'  # the decode criterion (config.decode.criteria) that selects this sampler
-PLANTS = (None, 'no_residual', 'no_bonus', 'q_temperature', 'stale_residual')  # tests only (_plant)
+CRITERION = 'speculative'  # the word of config.decode.criteria that selects this sampler
+VERIFICATIONS = ('token',)  # how a drafted block is verified: 'token' (token by token, the default)
 
 
-def check_criterion(criterion) -> None:
-  """UserError unless `criterion` is lossless sampling: None, 'speculative', 'exact' or decoding.Criterion().
+@flax.struct.dataclass
+class Sampling:
+  """Lossless speculative sampling as an acceptance rule of decoding.blockwise (module docstring).
 
-  Approximate acceptance (top_k:, distance:) and forced blocks (min_block:) accept tokens the rejection rule would
-  reject, so the samples would no longer follow the model's distribution.
+  temperature: > 0, a pytree leaf (traced: a new temperature does not recompile); top_k, top_p: static truncation
+  of the distribution sampled (`sampling_logits`; the heads' drafts are truncated alike); verify: VERIFICATIONS.
+  Written on the command line and in records as 'speculative'.
   """
-  if criterion is None or str(criterion) in (CRITERION, 'exact'):
-    return
-  raise UserError(f'Criterion {str(criterion)!r} cannot be used with speculative sampling: sampling accepts a draft '
-                  'with probability min(1, p/q), which keeps the output distribution exactly that of the model; '
-                  'top_k:, distance: and min_block: would accept tokens that rule rejects and change it. Use '
-                  f'{CRITERION!r} alone (config.decode.criteria=("{CRITERION}",) with config.decode.temperature > 0).')
+  temperature: Any = 1.0
+  top_k: int = flax.struct.field(pytree_node=False, default=0)
+  top_p: float = flax.struct.field(pytree_node=False, default=1.0)
+  verify: str = flax.struct.field(pytree_node=False, default='token')
+  draws = True  # the loop hands it a PRNG key per block
+
+  def __str__(self):
+    return CRITERION if self.verify == 'token' else f'{CRITERION}:{self.verify}'
+
+  def check(self, tree) -> None:
+    if isinstance(tree, decoding.Dynamic):
+      raise UserError(f'Tree spec {tree} is built from the heads\' argmax confidence for greedy acceptance; '
+                      'speculative sampling drafts independent samples: use a chain or a static tree with it.')
+    check_sampling_tree(tree.paths, tree.depth)
+
+  def ends_early(self, tree) -> bool:
+    return True  # the free token is a sample of the next token: where it ends the row it is the row's end
+
+  def target(self, logits_BxV):
+    """The distribution of the first free token: p_1 after BOS."""
+    return _softmax(logits_BxV, self.temperature, self.top_k, self.top_p)
+
+  def draft(self, target_BxV, heads_BxDm1xV, tree, keys_B):
+    """Node 0 (the free token) drawn from target_BxV; node n at depth d >= 1 a draft from q_{d+1} =
+    softmax(head_{d+1} / T), each node with its own uniform. memo: the heads' logits (the drafts' q)."""
+    heads_BxDm1xV = heads_BxDm1xV.astype(jnp.float32)
+    q_BxDm1xV = _softmax(heads_BxDm1xV, self.temperature, self.top_k, self.top_p)
+    u_BxN = _uniforms(keys_B, tree.num_nodes)[:, 0]
+    free_B = _inverse_cdf(target_BxV, u_BxN[:, 0])
+    if tree.num_nodes == 1:
+      return free_B[:, None], heads_BxDm1xV
+    drafts_BxM = _inverse_cdf(q_BxDm1xV[:, tree.depth_N[1:] - 1], u_BxN[:, 1:])
+    return jnp.concatenate([free_B[:, None], drafts_BxM], axis=1), heads_BxDm1xV
+
+  def accept(self, nodes_BxN, logits_BxNxV, memo, tree, keys_B):
+    """The walk (module docstring): the last accepted node and the distribution of the next free token."""
+    coins_BxN = _uniforms(keys_B, tree.num_nodes)[:, 1]
+    # p and q truncated alike (top_k, top_p): the walk then samples the truncated model exactly.
+    p_BxNxV = _softmax(logits_BxNxV, self.temperature, self.top_k, self.top_p)
+    q_BxDm1xV = _softmax(memo, self.temperature, self.top_k, self.top_p)
+    return walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree)
 
 
-def parse_decode_criterion(spec, k: int | None = None):
-  """A criterion of config.decode.criteria: CRITERION ('speculative') for speculative sampling, else
-  decoding.parse_criterion(spec, k). 'speculative' combined with anything ('speculative+top_k:2') is a UserError."""
+def parse_rule(spec, k: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+  """The acceptance rule of a config.decode.criteria entry: Sampling for 'speculative' (at the config's
+  temperature and truncation), else decoding.parse_criterion(spec, k). 'speculative' combined with anything
+  ('speculative+top_k:2') is a UserError: approximate acceptance and forced blocks accept tokens the rejection rule
+  would reject, so the samples would no longer follow the model's distribution."""
   parts = [part.strip() for part in str(spec).split('+')]
-  if CRITERION not in parts:
+  words = [part for part in parts if part.partition(':')[0] == CRITERION]
+  if not words:
     return decoding.parse_criterion(spec, k)
-  if len(parts) > 1:
-    check_criterion('+'.join(part for part in parts if part != CRITERION))
-  return CRITERION
+  others = [part for part in parts if part not in words]
+  if others or len(words) > 1:
+    raise UserError(f'Criterion {spec!r} cannot be used with speculative sampling: sampling accepts a draft '
+                    'with probability min(1, p/q), which keeps the output distribution exactly that of the model; '
+                    'top_k:, distance: and min_block: would accept tokens that rule rejects and change it. Use '
+                    f'{CRITERION!r} alone (config.decode.criteria=("{CRITERION}",) with '
+                    'config.decode.temperature > 0).')
+  verify = words[0].partition(':')[2] or 'token'
+  if verify not in VERIFICATIONS or words[0] == f'{CRITERION}:token':
+    choices = ', '.join([repr(CRITERION)] + [repr(f'{CRITERION}:{v}') for v in VERIFICATIONS if v != 'token'])
+    raise UserError(f'Criterion {spec!r}: speculative sampling is one of {choices}.')
+  return Sampling(temperature=temperature, top_k=top_k, top_p=top_p, verify=verify)
 
 
 def check_sampling_tree(paths, k: int) -> decoding.TreePaths:
@@ -106,28 +152,6 @@ def check_sampling_tree(paths, k: int) -> decoding.TreePaths:
     raise UserError(f'Tree {paths} has the roots {roots}; speculative sampling draws the first token of a block '
                     'from head 1 exactly, so a tree has the single root (0,) and branches below it.')
   return paths
-
-
-@flax.struct.dataclass
-class SamplerState:
-  """The carry of the speculative loop. N nodes, D = tree depth."""
-  model_state: Any              # opaque decoder state; leaves [B, ...]
-  rows: decoding.Rows           # D = tree depth
-  nodes_BxN: jax.Array          # int32 [B, N]; node 0: the free token y_{j+1}; node n >= 1: a draft
-  heads_BxDm1xV: jax.Array      # float32 [B, D - 1, V]; logits of heads 2..D at position j (the drafts' q)
-  step: jax.Array               # int32 []
-
-
-def _row_streams(key, batch_size):
-  """One PRNG key per row: fold_in(key, row)."""
-  return jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(batch_size))
-
-
-def _block_keys(row_keys_B, start_B):
-  """The key of every draw of the block that starts at position start_B[b] (its free token's position) in row b:
-  fold_in(row key, start). A row's blocks start at strictly increasing positions (k̂ >= 1), so every block of a
-  row gets fresh draws, and no row reads another row's."""
-  return jax.vmap(jax.random.fold_in)(row_keys_B, start_B)
 
 
 def check_truncation(top_k: int, top_p: float) -> None:
@@ -191,148 +215,35 @@ def _inverse_cdf(probs_Bx___xV, u_Bx___):
   return jnp.minimum(index, probs_Bx___xV.shape[-1] - 1).astype(jnp.int32)
 
 
-def _next_nodes(free_dist_BxV, q_BxDm1xV, keys_B, depth_N):
-  """The next tree, from the block's keys: node 0 (the free token) drawn from free_dist_BxV; node n at depth d >= 1
-  a draft from q_BxDm1xV[:, d - 1] = softmax(head_{d+1} / T), each node with its own uniform. Returns nodes_BxN."""
-  u_BxN = _uniforms(keys_B, len(depth_N))[:, 0]
-  free_B = _inverse_cdf(free_dist_BxV, u_BxN[:, 0])
-  if len(depth_N) == 1:
-    return free_B[:, None]
-  drafts_BxM = _inverse_cdf(q_BxDm1xV[:, depth_N[1:] - 1], u_BxN[:, 1:])
-  return jnp.concatenate([free_B[:, None], drafts_BxM], axis=1)
-
-
-def _heads(propose_fn, hidden_Bx___, depth):
-  """Logits of heads 2..D at one position per row, float32 [B, D - 1, V] (propose_fn may offer more heads)."""
-  return propose_fn(hidden_Bx___)[:, :depth - 1].astype(jnp.float32)
-
-
-def sampler_init(score_fn, propose_fn, state, *, key, temperature, batch_size: int, paths, max_len: int,
-                 bos_id: int, eos_id: int, top_k: int = 0, top_p: float = 1.0) -> SamplerState:
-  """The first model invocation (BOS at position 0: p and the heads there) and the loop's initial state."""
-  B, layout, depth = batch_size, decoding.tree_layout(paths), decoding.tree_depth(paths)
-  logits_Bx1xV, hidden, state = score_fn(state, jnp.full((B, 1), bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
-  V = logits_Bx1xV.shape[-1]
-  hidden_Bx___ = decoding.take_rows(hidden, jnp.zeros((B,), jnp.int32))
-  heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else jnp.zeros((B, 0, V), jnp.float32)
-  nodes_BxN = _next_nodes(_softmax(logits_Bx1xV[:, 0], temperature, top_k, top_p),
-                          _softmax(heads_BxDm1xV, temperature, top_k, top_p),
-                          _block_keys(_row_streams(key, B), jnp.ones((B,), jnp.int32)), layout['depth_N'])
-  # A row whose first token (drawn from p at BOS) ends it is done with this call.
-  rows = decoding.start_rows(nodes_BxN[:, 0], depth=depth, max_len=max_len, eos_id=eos_id)
-  return SamplerState(model_state=state, rows=rows, nodes_BxN=nodes_BxN, heads_BxDm1xV=heads_BxDm1xV,
-                      step=jnp.int32(0))
-
-
-def _walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, layout, plant):
-  """Recursive rejection down the tree (module docstring; docs/speculative.md). Returns (last accepted node
-  cur_B, distribution of the next free token r_BxV).
+def walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree: decoding.Layout):
+  """Recursive rejection down the tree, token by token (module docstring; docs/speculative.md). Returns (last
+  accepted node cur_B, distribution of the next free token r_BxV).
 
   p_BxNxV: head 1 at every node (the exact distribution of the token after the node's path); q_BxDm1xV[:, d-1]: the
-  distribution every depth-d draft was drawn from; coins_BxN: uniform [0, 1) per node.
+  distribution every depth-d draft was drawn from; coins_BxN: uniform (0, 1] per node.
   """
-  depth_N, parent_N = layout['depth_N'], layout['parent_N']
-  B, N, _ = p_BxNxV.shape
+  depth_N, parent_N = tree.depth_N, tree.parent_N
+  B = p_BxNxV.shape[0]
   rows = jnp.arange(B)
   cur_B = jnp.zeros((B,), jnp.int32)        # the root: the free token, accepted by construction
   p_cur_BxV = p_BxNxV[:, 0]
   r_BxV = p_cur_BxV                          # the target the current node's children are tested against
   going_B = jnp.ones((B,), bool)             # every node so far accepted and the walk not stopped
-  first_residual_BxV = None                  # plant 'no_bonus' only
-  for depth in range(1, int(depth_N.max()) + 1):
+  for depth in range(1, tree.depth):
     q_BxV = q_BxDm1xV[:, depth - 1]
     found_B, next_B = jnp.zeros((B,), bool), cur_B
     for n in np.nonzero(depth_N == depth)[0]:  # canonical order: siblings by rank, the order they are tried in
       tried_B = going_B & ~found_B & (cur_B == parent_N[n])
       x_B = nodes_BxN[:, n]
-      target_BxV = p_cur_BxV if plant == 'stale_residual' else r_BxV
       # Accept x with probability min(1, r(x) / q(x)): u * q(x) < r(x) with u uniform in (0, 1] (q(x) > 0: x ~ q).
-      accept_B = tried_B & (coins_BxN[:, n] * q_BxV[rows, x_B] < target_BxV[rows, x_B])
+      accept_B = tried_B & (coins_BxN[:, n] * q_BxV[rows, x_B] < r_BxV[rows, x_B])
       found_B, next_B = found_B | accept_B, jnp.where(accept_B, n, next_B)
-      if plant != 'no_residual':  # SpecInfer: the next sibling is tested against what the rejection left
-        r_BxV = jnp.where((tried_B & ~accept_B)[:, None], _residual(target_BxV, q_BxV), r_BxV)
-      if depth == 1 and first_residual_BxV is None:
-        first_residual_BxV = _residual(p_BxNxV[:, 0], q_BxV)
+      # SpecInfer: the next sibling is tested against what the rejection left.
+      r_BxV = jnp.where((tried_B & ~accept_B)[:, None], _residual(r_BxV, q_BxV), r_BxV)
     # Descend where a child was accepted: its head-1 output is the target of its own children.
     p_next_BxV = p_BxNxV[rows, next_B]
     r_BxV = jnp.where(found_B[:, None], p_next_BxV, r_BxV)
     p_cur_BxV = jnp.where(found_B[:, None], p_next_BxV, p_cur_BxV)
     cur_B = next_B
     going_B = going_B & found_B
-  if plant == 'no_bonus' and first_residual_BxV is not None:
-    # Planted error: the all-accepted case forgotten, as when the first rejection is found by argmax over an
-    # all-False mask (0): a walk that reached a leaf is taken for a rejection of the root's first child.
-    has_child_N = np.zeros(N, bool)
-    has_child_N[parent_N[parent_N >= 0]] = True
-    leaf_B = ~jnp.asarray(has_child_N)[cur_B]
-    cur_B = jnp.where(leaf_B, 0, cur_B)
-    r_BxV = jnp.where(leaf_B[:, None], first_residual_BxV, r_BxV)
   return cur_B, r_BxV
-
-
-def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_len: int, eos_id: int,
-                 top_k: int = 0, top_p: float = 1.0, plant=None):
-  """One iteration (verify every node, walk, cut, move, draw the next tree): SamplerState -> SamplerState."""
-  layout, depth = decoding.tree_layout(paths), decoding.tree_depth(paths)
-  depth_N, path_NxD = layout['depth_N'], layout['path_NxD']
-  is_chain = len(paths) == depth  # one node per depth: slots are positions, no tree mask, nothing to move
-  q_temperature = 1.0 if plant == 'q_temperature' else temperature  # planted: q at the wrong temperature
-
-  def body(s: SamplerState):
-    B = s.rows.length_B.shape[0]
-    row_keys_B = _row_streams(key, B)
-    start_B = s.rows.length_B + 1  # the free token's position, j + 1
-    tree_arg = () if is_chain else ((depth_N, layout['ancestor_NxN']),)
-    logits_BxNxV, hidden, model_state = score_fn(s.model_state, s.nodes_BxN, start_B, *tree_arg)
-    coins_BxN = _uniforms(_block_keys(row_keys_B, start_B), len(paths))[:, 1]
-    # p and q truncated alike (top_k, top_p): the walk then samples the truncated model exactly.
-    cur_B, r_BxV = _walk(_softmax(logits_BxNxV, temperature, top_k, top_p),
-                         _softmax(s.heads_BxDm1xV, q_temperature, top_k, top_p),
-                         s.nodes_BxN, coins_BxN, layout, plant)
-    k_hat_B = jnp.asarray(depth_N)[cur_B] + 1
-    path_BxD = jnp.asarray(path_NxD)[cur_B]
-    block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
-    # Stop at the first EOS inside the accepted block, and at max_len (decoding.blockwise's rule).
-    rows, k_hat_B = decoding.accept_block(s.rows, block_BxD, k_hat_B, eos_id=eos_id, max_len=max_len)
-    if not is_chain:  # the accepted path's keys and values to slots start .. start + D - 1
-      model_state = move_fn(model_state, start_B, path_BxD)
-    # Combined scoring and proposal (paper §4): heads 2..D at the last accepted node draft the next tree; the free
-    # token comes from r (the residual of the first rejection, or p at a leaf: the bonus token).
-    hidden_Bx___ = decoding.take_rows(hidden, cur_B)
-    heads_BxDm1xV = _heads(propose_fn, hidden_Bx___, depth) if depth > 1 else s.heads_BxDm1xV
-    nodes_BxN = _next_nodes(r_BxV, _softmax(heads_BxDm1xV, temperature, top_k, top_p),
-                            _block_keys(row_keys_B, rows.length_B + 1), depth_N)
-    # The free token is already a sample of the next token: where it ends the row (EOS, or the max_len-th token) it
-    # is appended now rather than by an iteration that would accept it alone (decoding.end_with_next_token).
-    rows = decoding.close_iteration(s.rows, rows, k_hat_B, nodes_BxN[:, 0], eos_id=eos_id, max_len=max_len)
-    return SamplerState(model_state=model_state, rows=rows, nodes_BxN=nodes_BxN, heads_BxDm1xV=heads_BxDm1xV,
-                        step=s.step + 1)
-  return body
-
-
-def speculative(score_fn, propose_fn, state: Any, *, key, temperature, batch_size: int, k: int, max_len: int,
-                bos_id: int, eos_id: int, paths=None, move_fn=None, criterion=None, top_k: int = 0,
-                top_p: float = 1.0, _plant=None) -> decoding.BlockwiseResult:
-  """Samples from softmax(head_1 / temperature), exactly, verifying the heads' drafts (module docstring).
-
-  key: a jax.random key (row b uses fold_in(key, b)); temperature: > 0, may be traced. top_k, top_p: static
-  truncation of the distribution sampled (`sampling_logits`; the heads' drafts are truncated alike). k: the heads propose_fn
-  offers; paths: a tree topology with the single root (0,) (check_sampling_tree; default the chain
-  decoding.chain_tree(k)), using its first D = tree_depth(paths) heads; move_fn: needed for a tree that is not a
-  chain. One model invocation per iteration plus one at the start. The state needs a cache of at least
-  max_len + N + 1 slots (N = len(paths); k for the chain). Returns a decoding.BlockwiseResult (D + 1 columns of
-  block counts). `_plant` plants a known error, for the tests that must catch it (PLANTS).
-  """
-  check_criterion(criterion)
-  check_truncation(top_k, top_p)
-  if _plant not in PLANTS:
-    raise ValueError(f'unknown plant {_plant!r}; one of {PLANTS}')
-  paths = check_sampling_tree(decoding.chain_tree(k) if paths is None else paths, k)
-  if len(paths) != decoding.tree_depth(paths) and move_fn is None:
-    raise ValueError('a tree that is not a chain needs move_fn (bpd/decoding.py)')
-
-  first = sampler_init(score_fn, propose_fn, state, key=key, temperature=temperature, batch_size=batch_size,
-                       paths=paths, max_len=max_len, bos_id=bos_id, eos_id=eos_id, top_k=top_k, top_p=top_p)
-  body = sampler_body(score_fn, propose_fn, move_fn, key=key, temperature=temperature, paths=paths,
-                      max_len=max_len, eos_id=eos_id, top_k=top_k, top_p=top_p, plant=_plant)
-  return decoding.run_loop(first, body, max_len=max_len)

@@ -241,7 +241,8 @@ def training_data(config, task, tokenizer, decoder):
   def quick_eval(params):
     if not n:
       return {}
-    greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src)[0], eval_src_ids[:n], batch_size)[0]
+    greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src).tokens_BxL, eval_src_ids[:n],
+                                         batch_size)[0]
     outputs = task.outputs(tokenizer, greedy_ids)
     out = {f'greedy_{task.quality_metric}': task.scores(outputs, eval_references[:n], outputs)['quality']}
     if agreement:

@@ -1,12 +1,14 @@
-"""Choosing a tree of candidates for tree decoding (bpd/decoding.py, `tree`): named topologies, the sparse
+"""Choosing a tree of candidates for tree decoding (bpd/decoding.py, `blockwise`): named topologies, the sparse
 tree built from measured agreement, and the config's tree specs. Plain numpy and JSON; imports no model.
 
 A tree spec (config.decode.trees) is one of
-  'chain'      the paper's chain of k proposals (decoded by `decoding.blockwise`, the fast path);
+  'chain'      the paper's chain of k proposals (decoded without a tree mask or a cache move: the fast path);
   'comb:R'     the chain plus, at every depth below the root, the R - 1 next choices of that depth's head;
   'dense:R'    every path of ranks < R below the root, k deep (1 + R + .. + R^(k-1) nodes: grows fast);
   'nodes:N'    the sparse tree of N nodes that maximizes the expected accepted length under the top-r agreement
-               measured on the val split (`python -m experiments.choose_tree`), read from WORKDIR/trees.json.
+               measured on the val split (`python -m experiments.choose_tree`), read from WORKDIR/trees.json;
+  'dynamic:N'  a tree of N nodes built per row and iteration from the heads' own confidence (decoding.Dynamic,
+               EAGLE-2): the N paths of highest product of the heads' probabilities.
 Head 1's own choice is the only root of the named trees: under exact acceptance no other first token passes.
 
 The sparse tree (Medusa, Cai et al. 2024, its "sparse tree"): with a_d[r] the measured probability that head
@@ -26,8 +28,8 @@ from bpd import decoding
 from bpd.errors import UserError
 
 TREES_FILE = 'trees.json'  # in the model's workdir: the measured agreement and the trees built from it
-TREE_SPEC_HELP = ("a tree spec is 'chain', 'comb:R' (R >= 1), 'dense:R' (R >= 1) or 'nodes:N' (N >= 1, built from "
-                  f"the model's {TREES_FILE}: python -m experiments.choose_tree)")
+TREE_SPEC_HELP = ("a tree spec is 'chain', 'comb:R' (R >= 1), 'dense:R' (R >= 1), 'nodes:N' (N >= 1, built from "
+                  f"the model's {TREES_FILE}: python -m experiments.choose_tree) or 'dynamic:N' (N >= 1, per row)")
 
 
 def sparse_tree(agreement_DxR, num_nodes: int) -> decoding.TreePaths:
@@ -110,20 +112,24 @@ def write_trees(workdir: str, agreement_KxR, trees: dict, meta: dict) -> str:
   return path
 
 
-def parse_tree_spec(spec: str, k: int, workdir: str | None = None) -> decoding.TreePaths | None:
-  """The topology of a tree spec for a model with k heads; None for 'chain' (the sweep's blockwise path).
-  UserError for a bad spec or a missing trees.json, before anything compiles."""
+def parse_tree_spec(spec: str, k: int, workdir: str | None = None, vocab_size: int | None = None):
+  """The tree of a spec for a model with k heads: a decoding.Layout ('chain' is the chain of k), or a
+  decoding.Dynamic for 'dynamic:N'. UserError for a bad spec or a missing trees.json, before anything compiles."""
   name, _, arg = str(spec).partition(':')
   if name == 'chain' and not arg:
-    return None
+    return decoding.layout(decoding.chain_tree(k))
+  if name == 'dynamic':
+    tree = decoding.Dynamic(num_nodes=_spec_count(spec, arg, 'N'), depth=k)
+    tree.check(vocab_size or 1 << 30)
+    return tree
   if name != 'nodes':
-    return named_tree(spec, k)
+    return decoding.layout(named_tree(spec, k))
   num_nodes = _spec_count(spec, arg, 'N')
   agreement_KxR = read_agreement(workdir)
   if agreement_KxR.shape[0] < k:
     raise UserError(f'{os.path.join(workdir, TREES_FILE)} holds the agreement of {agreement_KxR.shape[0]} heads, '
                     f'the model has k={k}: rerun python -m experiments.choose_tree on this checkpoint.')
-  return sparse_tree(agreement_KxR[:k], num_nodes)
+  return decoding.layout(sparse_tree(agreement_KxR[:k], num_nodes))
 
 
 def tree_name(spec: str) -> str:

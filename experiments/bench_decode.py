@@ -142,6 +142,9 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
   cache_len = decoder_lib.cache_len(max_len, block=max(k_values))  # one cache for greedy and every k
   c = model.config
 
+  def fixed(state):
+    return decoding.Fixed(batch_size=state['src_mask_BxS'].shape[0], max_len=max_len, bos_id=BOS, eos_id=NEVER)
+
   @jax.jit
   def encode(params, src):
     init_state, _, _ = model_lib.decode_fns(model, params)
@@ -152,26 +155,24 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
   @jax.jit
   def run_greedy(params, state):
     _, score_fn, _ = model_lib.decode_fns(model, params)
-    return decoding.greedy(score_fn, state, batch_size=state['src_mask_BxS'].shape[0], max_len=max_len,
-                           bos_id=BOS, eos_id=NEVER)[0]
+    return decoding.greedy(score_fn, state, fixed=fixed(state))[0]
 
   @functools.partial(jax.jit, static_argnames='k')
   def run_block(params, state, k):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
-    result = decoding.blockwise(score_fn, propose_fn, state, batch_size=state['src_mask_BxS'].shape[0], k=k,
-                                max_len=max_len, bos_id=BOS, eos_id=NEVER,
-                                criterion=decoding.Criterion(min_block=k))
+    result = decoding.blockwise(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed(state),
+                                tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))
     return result.tokens_BxL, result.invocations
 
   # One greedy step and one blockwise iteration, alone, for XLA's cost analysis.
   @jax.jit
   def greedy_carry(state):
-    return decoding.greedy_init(state, batch_size=state['src_mask_BxS'].shape[0], max_len=max_len, bos_id=BOS)
+    return decoding.greedy_init(state, fixed=fixed(state))
 
   @jax.jit
   def greedy_step(params, carry):
     _, score_fn, _ = model_lib.decode_fns(model, params)
-    return decoding.greedy_body(score_fn, eos_id=NEVER)(carry)
+    return decoding.greedy_body(score_fn, fixed=fixed(carry[-1]))(carry)
 
   # The first k heads (model and parameters) are taken once per decode, outside the loop (model_lib.first_heads):
   # take them outside the compiled iteration too, so that the one-time copy is not counted as a per-iteration cost.
@@ -179,14 +180,14 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
   @functools.partial(jax.jit, static_argnames=('model_k', 'k'))
   def block_carry(params_k, state, model_k, k):
     _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k)
-    return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=state['src_mask_BxS'].shape[0], k=k,
-                                   max_len=max_len, bos_id=BOS, eos_id=NEVER)
+    return decoding.blockwise_init(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed(state),
+                                   tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))
 
   @functools.partial(jax.jit, static_argnames=('model_k', 'k'))
   def block_step(params_k, s, model_k, k):
     _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k)
-    return decoding.blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=NEVER,
-                                   criterion=decoding.Criterion(min_block=k))(s)
+    return decoding.blockwise_body(decoding.ModelFns(score_fn, propose_fn), fixed=fixed(s.model_state),
+                                   tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))(s)
 
   peaks = peaks or machine_peaks()
   records = []

@@ -83,8 +83,8 @@ def measure(num_devices: int) -> dict:
   decoder = decoder_lib.Decoder(model, max_len=_MAX_LEN.value, mesh=mesh)
   params = state['params']
   greedy = lambda: decoder.greedy(params, src_BxS)
-  block = lambda: decoder.blockwise(params, src_BxS, k=config.k, criterion=decoding.Criterion())
-  greedy_tokens = int(np.sum(jax.device_get(greedy()[1])))  # also compiles and warms up
+  block = lambda: decoder.blockwise(params, src_BxS, decoding.EXACT, decoder_lib.chain(config.k))
+  greedy_tokens = int(np.sum(jax.device_get(greedy().length_B)))  # also compiles and warms up
   result = jax.device_get(block())
   block_tokens, block_iterations = int(np.sum(result.length_B)), int(np.sum(result.iterations_B))
   return {

@@ -5,7 +5,7 @@ r"""Tree decoding against the chain: mean accepted block, iterations and wall-cl
       --nodes=1,8,16,32,64 --batch_sizes=1,32 --figure=runs/demo/k4/trees.png
 
 N = 1 is the paper's chain of k proposals (decoding.blockwise); N > 1 is the sparse tree 'nodes:N' built from the
-model's WORKDIR/trees.json (experiments/choose_tree.py), verified in one call per iteration (decoding.tree). All
+model's WORKDIR/trees.json (experiments/choose_tree.py), verified in one call per iteration (decoding.blockwise). All
 with exact acceptance, so every row must equal greedy decoding token for token (the 'identical' column).
 Mean accepted block and iterations (DESIGN §2) do not depend on the machine; the seconds and the speedup over
 greedy are medians of alternating runs on the first --timing_examples examples, and mean nothing on a loaded
@@ -57,8 +57,8 @@ def draw_tree(paths, path: str, title: str = ''):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  layout = decoding.tree_layout(paths)
-  depth_N, parent_N = layout['depth_N'], layout['parent_N']
+  layout = decoding.layout(paths)
+  depth_N, parent_N = layout.depth_N, layout.parent_N
   # y: leaves in canonical DFS order, parents centred over their children.
   children = {n: [m for m in range(len(paths)) if parent_N[m] == n] for n in range(-1, len(paths))}
   y, next_leaf = {}, [0]
@@ -104,8 +104,8 @@ def bench(config, workdir, split, nodes, batch_sizes, examples, batch1_examples,
   k = heads or model_config.k
   settings = []  # (label, topology or None for the chain)
   for n in nodes:
-    settings.append((f'chain (k={k})', None) if n == 1 else (f'nodes:{n}', trees.parse_tree_spec(f'nodes:{n}', k,
-                                                                                                  workdir)))
+    settings.append((f'chain (k={k})', decoder_lib.chain(k)) if n == 1 else
+                    (f'nodes:{n}', trees.parse_tree_spec(f'nodes:{n}', k, workdir)))
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
   src, tgt = pipeline.load_split(config.data, split, config.seed)
   limit = examples or config.decode.max_examples
@@ -118,19 +118,16 @@ def bench(config, workdir, split, nodes, batch_sizes, examples, batch1_examples,
   for batch_size in batch_sizes:
     src_ids = all_ids[:batch1_examples] if batch_size == 1 and batch1_examples else all_ids
     bucket = decoder_lib.source_bucket(src_ids)
-    greedy_fn = lambda s: decoder.greedy(params, s)[0]
+    greedy_fn = lambda s: decoder.greedy(params, s).tokens_BxL
     greedy_out, _ = decoder_lib.run_batches(greedy_fn, src_ids, batch_size, bucket=bucket)
-    for label, paths in settings:
-      if paths is None:
-        fn = lambda s: decoder.blockwise(params, s, k=k, criterion=criterion)
-      else:
-        fn = lambda s, paths=paths: decoder.tree(params, s, paths=paths, criterion=criterion)
+    for label, tree in settings:
+      fn = lambda s, tree=tree: decoder.blockwise(params, s, criterion, tree)
       outs, _ = decoder_lib.run_batches(fn, src_ids, batch_size, bucket=bucket)
       tokens = sum(int(o.length_B) for o in outs)
       iterations = sum(int(o.iterations_B) for o in outs)
       identical = np.mean([np.array_equal(o.tokens_BxL, g) for o, g in zip(outs, greedy_out)])
-      row = {'batch': batch_size, 'tree': label, 'nodes': len(paths) if paths else k, 'examples': len(src_ids),
-             'paths': paths,
+      row = {'batch': batch_size, 'tree': label, 'nodes': tree.num_nodes, 'examples': len(src_ids),
+             'paths': None if tree.is_chain else tree.paths,
              'mean_accepted_block': tokens / max(iterations, 1), 'iterations': iterations,
              'identical_to_greedy': float(identical)}
       if timing_examples:
@@ -187,7 +184,7 @@ def _run():
   config, workdir = _CONFIG.value, _WORKDIR.value
   if _FIGURE.value:
     k = _HEADS.value or checkpoint.read_model_config(workdir).k
-    paths = trees.parse_tree_spec(f'nodes:{_FIGURE_NODES.value}', k, workdir)
+    paths = trees.parse_tree_spec(f'nodes:{_FIGURE_NODES.value}', k, workdir).paths
     draw_tree(paths, _FIGURE.value, f'sparse tree of {len(paths)} nodes (nodes:{_FIGURE_NODES.value})')
     print(f'wrote {_FIGURE.value}')
   for chip in _TPU.value:  # no libtpu or an unknown chip: a clear error before anything decodes

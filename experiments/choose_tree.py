@@ -60,7 +60,7 @@ def choose(config, workdir: str, nodes: list[int], ranks: int, examples: int, ba
   src_ids, _, _ = batching.encode_pairs(tokenizer, src, tgt, config.decode.max_src_len, truncate=True)
   model = model_lib.Transformer(model_config)
   decoder = decoder_lib.Decoder(model, config.decode.max_len)
-  greedy_ids, _ = decoder_lib.run_batches(lambda s: decoder.greedy(params, s)[0], src_ids, batch_size,
+  greedy_ids, _ = decoder_lib.run_batches(lambda s: decoder.greedy(params, s).tokens_BxL, src_ids, batch_size,
                                           f'{split} greedy')
   agreement_KxR = train.top_r_agreement(model, params, src_ids, greedy_ids, batch_size, ranks)
   built = {str(n): trees.sparse_tree(agreement_KxR, n) for n in nodes}

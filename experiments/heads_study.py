@@ -110,7 +110,7 @@ def test_agreement(workdir, k, head_steps) -> dict:
     _, params, _, tokenizer, decoder = evaluate.load_for_decoding(config, heads_dir, task,
                                                                   train.sharding.make_mesh(1))
     src_ids, _, _ = task.decode_examples(config, 'test', tokenizer)
-    greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, 32)[0]
+    greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src).tokens_BxL, src_ids, 32)[0]
     out[head_type] = train.agreement_with_greedy(train.make_eval_step(decoder.model, label_smoothing=0.0,
                                                                       mesh=decoder.mesh),
                                                  params, src_ids, greedy_ids, 32, decoder.mesh)

@@ -64,10 +64,11 @@ def main(argv):
   batches = [src for _, src in batching.eval_batches(src_ids, None, 1, (decoder_lib.source_bucket(src_ids),))]
 
   def greedy(src_1xS):
-    return int(jax.device_get(decoder.greedy(params, src_1xS)[1])[0])  # tokens = greedy steps
+    return int(jax.device_get(decoder.greedy(params, src_1xS).length_B)[0])  # tokens = greedy steps
 
   def blockwise(src_1xS):
-    return int(jax.device_get(decoder.blockwise(params, src_1xS, _K.value, criterion).iterations_B)[0])
+    result = decoder.blockwise(params, src_1xS, criterion, decoder_lib.chain(_K.value))
+    return int(jax.device_get(result.iterations_B)[0])
 
   for src in batches[:3]:  # compile and warm up
     greedy(src), blockwise(src)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
 
+from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import errors
 from bpd import model as model_lib
@@ -132,19 +133,20 @@ def kernel_table(title, kernels, instructions, steps, top):
 def programs(model, params, state, k_values, max_len):
   """{name: (jitted fn of no arguments, trip count)}: greedy and the blockwise loop for each k."""
   batch = state['src_mask_BxS'].shape[0]
+  fixed = decoding.Fixed(batch_size=batch, max_len=max_len, bos_id=BOS, eos_id=NEVER)
 
   @jax.jit
   def run_greedy(params, state):
     _, score_fn, _ = model_lib.decode_fns(model, params, num_heads=1)
-    return decoding.greedy(score_fn, state, batch_size=batch, max_len=max_len, bos_id=BOS, eos_id=NEVER)[0]
+    return decoding.greedy(score_fn, state, fixed=fixed)[0]
 
   @functools.partial(jax.jit, static_argnames='k')
   def run_block(params_k, state, k):
     # params_k: the first k heads, cut once outside (as bpd.decoder.Decoder does), so no copy is profiled here.
     model_k = model_lib.Transformer(dataclasses.replace(model.config, k=k))
     _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k)
-    return decoding.blockwise(score_fn, propose_fn, state, batch_size=batch, k=k, max_len=max_len, bos_id=BOS,
-                              eos_id=NEVER, criterion=decoding.Criterion(min_block=k)).tokens_BxL
+    return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed,
+                              tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k)).tokens_BxL
 
   first_heads = jax.jit(lambda params, k: model_lib.first_heads(model, params, k)[1], static_argnames='k')
   out = {'greedy': (run_greedy, (params, state), {}, max_len)}

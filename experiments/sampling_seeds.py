@@ -20,6 +20,7 @@ from bpd import errors
 from bpd import evaluate
 from bpd import metrics
 from bpd import sharding
+from bpd import speculative as speculative_lib
 from bpd import tasks
 from bpd.errors import UserError
 
@@ -67,15 +68,13 @@ def main(argv):
 
   def score(fn):
     out, _ = decoder_lib.run_batches(fn, src_ids, _BATCH_SIZE.value, bucket=bucket)
-    outputs = task.outputs(tokenizer, [o[0] for o in out])
+    outputs = task.outputs(tokenizer, [o.tokens_BxL for o in out])
     quality = task.scores(outputs, references, outputs)['quality']
-    return quality, float(np.mean([int(o[1]) for o in out]))
+    return quality, float(np.mean([int(o.length_B) for o in out]))
 
   def speculative(k, seed):
-    def fn(src_BxS):
-      result = decoder.speculative(params, src_BxS, k, temperature, seed)
-      return result.tokens_BxL, result.length_B
-    return fn
+    return lambda src_BxS: decoder.blockwise(params, src_BxS, speculative_lib.Sampling(temperature=temperature),
+                                             decoder_lib.chain(k), seed=seed)
 
   names = ['ancestral'] + [f'speculative k={k}' for k in ks]
   table = {name: [] for name in names}

@@ -91,40 +91,31 @@ def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch
   if param_dtype == 'compute':
     params = jax.eval_shape(lambda p: model_lib.params_in_compute_dtype(p, DTYPE), params)
   params = abstract(params)
+  fixed = decoding.Fixed(batch_size=batch, max_len=max_len, bos_id=BOS, eos_id=NEVER)
+  # One iteration: of the chain with a forced full block (the price of verifying k), or of the tree `paths`.
+  tree = decoding.layout(decoding.check_tree(paths, k) if step == 'tree' else decoding.chain_tree(k))
+  rule = decoding.Criterion(min_block=k) if step != 'tree' else decoding.EXACT
 
   def encode(params, src_BxS):
     return model_lib.decode_fns(model, params)[0](src_BxS, cache_len)
 
   def greedy_step(params, carry):
     _, score_fn, _ = model_lib.decode_fns(model, params)
-    return decoding.greedy_body(score_fn, eos_id=NEVER)(carry)
+    return decoding.greedy_body(score_fn, fixed=fixed)(carry)
 
   def block_init(params, state):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.blockwise_init(score_fn, propose_fn, state, batch_size=batch, k=k, max_len=max_len, bos_id=BOS,
-                                   eos_id=NEVER)
+    return decoding.blockwise_init(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed, tree=tree,
+                                   rule=rule)
 
   def block_step(params, s):
     _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.blockwise_body(score_fn, propose_fn, k=k, max_len=max_len, eos_id=NEVER,
-                                   criterion=decoding.Criterion(min_block=k))(s)
-
-  def tree_init(params, state):
-    _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.tree_init(score_fn, propose_fn, state, batch_size=batch, paths=paths, max_len=max_len, bos_id=BOS,
-                              eos_id=NEVER)
-
-  def tree_step(params, s):
-    _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.tree_body(score_fn, propose_fn, model_lib.move_cache, paths=paths, max_len=max_len,
-                              eos_id=NEVER)(s)
+    return decoding.blockwise_body(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache), fixed=fixed,
+                                   tree=tree, rule=rule)(s)
 
   state = abstract(jax.eval_shape(encode, params, jax.ShapeDtypeStruct((batch, src_len), jnp.int32)))
-  if step == 'tree':
-    paths = decoding.check_tree(paths, k)
-    carry, body = jax.eval_shape(tree_init, params, state), tree_step
-  elif step == 'greedy':
-    carry = jax.eval_shape(lambda s: decoding.greedy_init(s, batch_size=batch, max_len=max_len, bos_id=BOS), state)
+  if step == 'greedy':
+    carry = jax.eval_shape(lambda s: decoding.greedy_init(s, fixed=fixed), state)
     body = greedy_step
   else:
     carry, body = jax.eval_shape(block_init, params, state), block_step

@@ -43,9 +43,10 @@ class Stub:
   k: int = 4
   head_accuracy: float = 0.7
   eos_rate: int = 0  # a prefix hash divisible by eos_rate ends the row (0: only at eos_at)
-  # Where a proposal head is wrong, the true token is its second choice with this probability (tree decoding,
-  # bpd.decoding.tree, can then find it); otherwise the true token's rank is a matter of noise.
+  # Where a proposal head is wrong, the true token is its second choice with this probability (tree decoding
+  # can then find it); otherwise the true token's rank is a matter of noise.
   runner_up_accuracy: float = 0.0
+  noise_levels: int = 1000  # the logits' spread below the first choice takes this many values (2: many ties)
 
   def next_token(self, h, pos, eos_at):
     """The scoring model's greedy choice after the prefix with hash h ending at position pos."""
@@ -59,7 +60,8 @@ class Stub:
   def _logits(self, best, h):
     """One-hot at `best` (margin 5) plus a hash-derived spread in [0, 1) so that ranks below 1 are defined."""
     vocab = jnp.arange(self.vocab_size, dtype=jnp.uint32)
-    noise = (_mix(h[..., None], vocab) % np.uint32(1000)).astype(jnp.float32) / 1000.0
+    levels = np.uint32(self.noise_levels)
+    noise = (_mix(h[..., None], vocab) % levels).astype(jnp.float32) / float(self.noise_levels)
     return noise + 5.0 * jax.nn.one_hot(best, self.vocab_size)
 
   def init_state(self, seed_B, eos_at_B, cache_len):
@@ -68,8 +70,9 @@ class Stub:
             'eos_at_B': eos_at_B.astype(jnp.int32)}
 
   def score_fn(self, state, tokens_BxT, start_B, tree=None):
-    """tree = (depth_N, ancestor_NxN) (bpd.decoding.tree): token n hashes onto its parent node's hash (or the
-    prefix's, at depth 0), sits at position start + depth_N[n] and is stored in slot start + n."""
+    """tree = (depth_N, ancestor_NxN), or per row (depth_BxN, ancestor_BxNxN) (bpd.decoding.blockwise): token n
+    hashes onto its parent node's hash (or the prefix's, at depth 0), sits at position start + depth[n] and is
+    stored in slot start + n."""
     B, T = tokens_BxT.shape
     start_B = jnp.broadcast_to(start_B, (B,))  # a scalar start puts every row at the same position
     rows = jnp.arange(B)
@@ -79,20 +82,15 @@ class Stub:
     cached_BxL = jnp.where(slots_L[None, :] < start_B[:, None], _weighted(state['h_BxL'], slots_L[None, :]),
                            np.uint32(0))
     digest_B = jnp.sum(cached_BxL, axis=1, dtype=jnp.uint32)
-    if tree is None:
-      depth_T, parent_T = np.arange(T), np.arange(T) - 1
-    else:
-      depth_T, ancestor_TxT = np.asarray(tree[0]), np.asarray(tree[1])
-      parent_T = np.array([max([m for m in range(T) if ancestor_TxT[t, m] and m != t], default=-1,
-                               key=lambda m: depth_T[m]) for t in range(T)])
-    pos_BxT = start_B[:, None] + jnp.asarray(depth_T)[None, :]
+    depth_BxT, ancestor_BxTxT, parent_BxT = _tree_rows(tree, B, T)
+    pos_BxT = start_B[:, None] + depth_BxT
     hs, digests = [], []
     for t in range(T):  # parents come before their children (canonical order)
       digest = digest_B
-      for m in sorted(_ancestors(parent_T, t)):  # the new tokens on the path before t, as if they were cached
-        digest = digest + _weighted(hs[m], pos_BxT[:, m])
+      for m in range(t):  # the new tokens on the path before t, as if they were cached
+        digest = digest + jnp.where(ancestor_BxTxT[:, t, m], _weighted(hs[m], pos_BxT[:, m]), np.uint32(0))
       digests.append(digest)
-      hs.append(_step(h_prefix if parent_T[t] < 0 else hs[parent_T[t]], digest, tokens_BxT[:, t]))
+      hs.append(_step(_parent_hash(h_prefix, hs, parent_BxT[:, t]), digest, tokens_BxT[:, t]))
     h_BxT = jnp.stack(hs, axis=1)
     slot_BxT = start_B[:, None] + jnp.arange(T)[None, :]
     h_BxL = state['h_BxL'].at[rows[:, None], slot_BxT].set(h_BxT)
@@ -102,7 +100,7 @@ class Stub:
     return logits, hidden, dict(state, h_BxL=h_BxL)
 
   def move_fn(self, state, start_B, source_BxD):
-    """Slot start + source[d] -> slot start + d (bpd.decoding.tree): the accepted path made contiguous."""
+    """Slot start + source[d] -> slot start + d (bpd.decoding.blockwise): the accepted path made contiguous."""
     rows = jnp.arange(source_BxD.shape[0])[:, None]
     h_BxD = state['h_BxL'][rows, start_B[:, None] + source_BxD]
     return dict(state, h_BxL=state['h_BxL'].at[rows, start_B[:, None] + jnp.arange(source_BxD.shape[1])].set(h_BxD))
@@ -149,13 +147,29 @@ class Stub:
     return out
 
 
-def _ancestors(parent_T, t):
-  """The nodes on the path to node t, t excluded (parent_T[n] = -1 at the roots)."""
-  out, n = set(), parent_T[t]
-  while n >= 0:
-    out.add(n)
-    n = parent_T[n]
-  return out
+def _tree_rows(tree, B, T):
+  """(depth_BxT, ancestor_BxTxT, parent_BxT) of the T new tokens: a chain without a tree (parent t - 1), else the
+  tree score_fn got: (depth_N, ancestor_NxN) numpy for a static tree, or (depth_BxN, ancestor_BxNxN) per row. A
+  node's parent is its deepest ancestor other than itself (-1 at a root)."""
+  if tree is None:
+    depth_BxT = jnp.broadcast_to(jnp.arange(T), (B, T))
+    ancestor_BxTxT = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+  else:
+    depth_BxT = jnp.broadcast_to(jnp.asarray(tree[0]), (B, T))
+    ancestor_BxTxT = jnp.broadcast_to(jnp.asarray(tree[1]), (B, T, T))
+  strict_BxTxT = ancestor_BxTxT & ~jnp.eye(T, dtype=bool)
+  parent_BxT = jnp.where(jnp.any(strict_BxTxT, axis=-1),
+                         jnp.argmax(jnp.where(strict_BxTxT, depth_BxT[:, None, :], -1), axis=-1), -1)
+  return depth_BxT, ancestor_BxTxT, parent_BxT
+
+
+def _parent_hash(h_prefix_B, hs, parent_B):
+  """The hash each new token builds on: its parent node's (hs[parent]), or the prefix's at a root."""
+  if not hs:
+    return h_prefix_B
+  stacked_BxT = jnp.stack(hs, axis=1)
+  return jnp.where(parent_B < 0, h_prefix_B,
+                   jnp.take_along_axis(stacked_BxT, jnp.clip(parent_B, 0, len(hs) - 1)[:, None], axis=1)[:, 0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,15 +207,10 @@ class SoftStub:
     start_B = jnp.broadcast_to(start_B, (B,))
     rows = jnp.arange(B)
     h_prefix = jnp.where(start_B == 0, state['seed_B'], state['h_BxL'][rows, jnp.maximum(start_B - 1, 0)])
-    if tree is None:
-      parent_T = np.arange(T) - 1
-    else:
-      depth_T, ancestor_TxT = np.asarray(tree[0]), np.asarray(tree[1])
-      parent_T = np.array([max([m for m in range(T) if ancestor_TxT[t, m] and m != t], default=-1,
-                               key=lambda m: depth_T[m]) for t in range(T)])
+    parent_BxT = _tree_rows(tree, B, T)[2]
     hs = []
     for t in range(T):
-      hs.append(_mix(h_prefix if parent_T[t] < 0 else hs[parent_T[t]], tokens_BxT[:, t]))
+      hs.append(_mix(_parent_hash(h_prefix, hs, parent_BxT[:, t]), tokens_BxT[:, t]))
     h_BxT = jnp.stack(hs, axis=1)
     slot_BxT = start_B[:, None] + jnp.arange(T)[None, :]
     h_BxL = state['h_BxL'].at[rows[:, None], slot_BxT].set(h_BxT)

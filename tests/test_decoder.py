@@ -37,7 +37,7 @@ def test_every_decoder_method_gets_a_long_enough_cache(tiny):
   model, params = tiny
   decoder = decoder_lib.Decoder(model, max_len=6)
   src_BxS = np.array([[5, 6, 7, 0], [8, 9, 0, 0]], np.int32)
-  tokens, _ = decoder.greedy(params, src_BxS)
-  assert tokens.shape == (2, 6)
-  result = decoder.blockwise(params, src_BxS, k=4, criterion=decoding.parse_criterion('exact', k=4))
-  assert result.tokens_BxL.shape[0] == 2
+  assert decoder.greedy(params, src_BxS).tokens_BxL.shape == (2, 6)
+  for tree in (decoder_lib.chain(4), decoding.layout(((0,), (1,), (0, 0))), decoding.Dynamic(5, 4)):
+    result = decoder.blockwise(params, src_BxS, decoding.EXACT, tree)
+    assert result.tokens_BxL.shape == (2, 6)

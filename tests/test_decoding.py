@@ -11,6 +11,7 @@ import pytest
 
 from bpd import decoding
 from bpd.errors import UserError
+from tests import reference
 from tests.stubs import BOS, EOS, Stub
 
 SETTINGS = hypothesis.settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -19,9 +20,10 @@ SETTINGS = hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
 @functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'k', 'max_len', 'criterion'))
 def _decode(seed_B, eos_at_B, *, stub, batch_size, k, max_len, criterion):
   state = stub.init_state(seed_B, eos_at_B, max_len + k + 1)
-  greedy = decoding.greedy(stub.score_fn, state, batch_size=batch_size, max_len=max_len, bos_id=BOS, eos_id=EOS)
-  block = decoding.blockwise(stub.score_fn, stub.propose_fn, state, batch_size=batch_size, k=k, max_len=max_len,
-                             bos_id=BOS, eos_id=EOS, criterion=criterion)
+  fixed = decoding.Fixed(batch_size=batch_size, max_len=max_len, bos_id=BOS, eos_id=EOS)
+  greedy = decoding.greedy(stub.score_fn, state, fixed=fixed)
+  block = decoding.blockwise(decoding.ModelFns(stub.score_fn, stub.propose_fn), state, fixed=fixed,
+                             tree=decoding.layout(decoding.chain_tree(k)), rule=criterion)
   return greedy, block
 
 
@@ -64,6 +66,7 @@ def test_exact_blockwise_equals_greedy_equals_reference(case):
   np.testing.assert_array_equal(counts.sum(axis=1), np.asarray(block.iterations_B))
   first_call_only = np.asarray(block.iterations_B) == 0
   np.testing.assert_array_equal(first_call_only, ref_length == 1)
+  np.testing.assert_array_equal(np.asarray(block.first_call_B), first_call_only)
   np.testing.assert_array_equal((counts * np.arange(1, case['k'] + 2)).sum(axis=1), ref_length - first_call_only)
   assert int(block.invocations) == int(np.asarray(block.iterations_B).max()) + 1
 
@@ -219,9 +222,9 @@ def test_beam_search_beats_greedy_where_greedy_is_suboptimal():
   table, A, B = _greedy_is_suboptimal_table()
   stub = MarkovStub(table)
   state = {'dummy_B': jnp.zeros((2,))}
-  greedy_tokens, _, _ = decoding.greedy(stub.score_fn, state, batch_size=2, max_len=5, bos_id=BOS, eos_id=EOS)
-  beam_tokens, scores = decoding.beam_search(stub.score_fn, state, batch_size=2, beam_size=3, max_len=5,
-                                             bos_id=BOS, eos_id=EOS, alpha=0.0)
+  fixed = decoding.Fixed(batch_size=2, max_len=5, bos_id=BOS, eos_id=EOS)
+  greedy_tokens, _, _ = decoding.greedy(stub.score_fn, state, fixed=fixed)
+  beam_tokens, scores = decoding.beam_search(stub.score_fn, state, fixed=fixed, beam_size=3, alpha=0.0)
   assert greedy_tokens[0].tolist()[:3] == [A, 5, EOS]
   assert beam_tokens[0, 0].tolist() == [B, EOS, 0, 0, 0]
   np.testing.assert_allclose(float(scores[0, 0]), np.log(0.45) + np.log(0.99), rtol=1e-5)
@@ -234,10 +237,9 @@ def test_beam_search_beats_greedy_where_greedy_is_suboptimal():
 def _markov_greedy_and_beam1(table, *, batch, max_len):
   stub = MarkovStub(table)
   state = {'dummy_B': jnp.zeros((batch,))}
-  greedy_tokens, _, _ = decoding.greedy(stub.score_fn, state, batch_size=batch, max_len=max_len, bos_id=BOS,
-                                        eos_id=EOS)
-  beam_tokens, _ = decoding.beam_search(stub.score_fn, state, batch_size=batch, beam_size=1, max_len=max_len,
-                                        bos_id=BOS, eos_id=EOS, alpha=0.0)
+  fixed = decoding.Fixed(batch_size=batch, max_len=max_len, bos_id=BOS, eos_id=EOS)
+  greedy_tokens, _, _ = decoding.greedy(stub.score_fn, state, fixed=fixed)
+  beam_tokens, _ = decoding.beam_search(stub.score_fn, state, fixed=fixed, beam_size=1, alpha=0.0)
   return greedy_tokens, beam_tokens
 
 
@@ -252,56 +254,20 @@ def test_beam_one_equals_greedy(batch, max_len, seed):
 
 
 def test_summarize_defines_mean_block_size_over_rows():
-  result = decoding.BlockwiseResult(
-      tokens_BxL=jnp.zeros((2, 8), jnp.int32), length_B=jnp.asarray([6, 2]), iterations_B=jnp.asarray([2, 2]),
-      block_counts_BxK=jnp.asarray([[0, 0, 2], [2, 0, 0]]), invocations=jnp.asarray(3))
+  result = decoding.DecodeResult(
+      tokens_BxL=jnp.zeros((3, 8), jnp.int32), length_B=jnp.asarray([6, 2, 1]), iterations_B=jnp.asarray([2, 2, 0]),
+      block_counts_BxK=jnp.asarray([[0, 0, 2], [2, 0, 0], [0, 0, 0]]), first_call_B=jnp.asarray([0, 0, 1]),
+      invocations=jnp.asarray(3))
   stats = decoding.summarize(result)
-  assert stats['mean_accepted_block_size'] == 2.0  # (6 + 2) tokens / (2 + 2) iterations
-  assert stats['row_invocations'] == 6 and stats['batch_invocations'] == 3
+  assert stats['mean_accepted_block_size'] == 2.25  # (6 + 2 + 1) tokens / (2 + 2 + 0) iterations
+  assert stats['row_invocations'] == 7 and stats['batch_invocations'] == 3
   assert stats['block_size_histogram'] == [2, 0, 2]
+  # The histogram and the token count agree on what they leave out: the row the first call produced alone.
+  assert stats['tokens'] == sum(n * c for n, c in enumerate(stats['block_size_histogram'], 1)) + stats[
+      'first_call_tokens']
 
 
 # -- approximate criteria against an uncached reference ------------------------------------------------------
-
-def _score_from_scratch(stub, seed, eos_at, tokens):
-  """Head-1 logits [T, V] and hidden states at every position of [BOS] + tokens, with a fresh state (no cache)."""
-  state = stub.init_state(jnp.asarray([seed]), jnp.asarray([eos_at]), len(tokens) + 2)
-  logits, hidden, _ = stub.score_fn(state, jnp.asarray([[BOS] + list(tokens)], jnp.int32),
-                                    jnp.zeros((1,), jnp.int32))
-  return np.asarray(logits[0]), hidden
-
-
-def _reference_blockwise(stub, seed, eos_at, max_len, criterion):
-  """Blockwise decoding of one row written the slow, obvious way: every score recomputes the whole prefix.
-
-  Returns (tokens, iterations). Shares only `accept_mask` (tested above on hand-made logits) with the code.
-  """
-  out, iterations, k = [], 0, stub.k
-  while True:
-    j = len(out)
-    logits, hidden = _score_from_scratch(stub, seed, eos_at, out)
-    proposals = [int(np.argmax(logits[j]))]
-    if proposals[0] == EOS or j + 1 >= max_len:
-      # The scoring model's next token ends the row: the call that produced these logits (the previous
-      # iteration's, or the first call) already has it, and no iteration is run to accept it alone.
-      return out + proposals[:1], iterations
-    if k > 1:
-      at_j = jax.tree.map(lambda x: x[:, j], hidden)
-      proposals += [int(t) for t in np.argmax(np.asarray(stub.propose_fn(at_j))[0], axis=-1)]
-    verify, _ = _score_from_scratch(stub, seed, eos_at, out + proposals)
-    checks = np.asarray(decoding.accept_mask(criterion, jnp.asarray([proposals[1:]], jnp.int32).reshape(1, k - 1),
-                                             jnp.asarray(verify[None, j + 1:j + k])))[0]
-    n = 1
-    while n < k and checks[n - 1]:
-      n += 1
-    accepted = proposals[:max(n, criterion.min_block)]
-    if EOS in accepted:
-      accepted = accepted[:accepted.index(EOS) + 1]
-    out += accepted[:max_len - j]
-    iterations += 1
-    if out[-1] == EOS or len(out) >= max_len:
-      return out, iterations
-
 
 @pytest.mark.parametrize('spec', ['top_k:2', 'top_k:3', 'distance:2', 'min_block:2', 'top_k:2+min_block:3',
                                   'distance:1+min_block:2', 'exact'])
@@ -311,8 +277,29 @@ def test_every_criterion_matches_an_uncached_reference(spec):
   seed_B, eos_at_B = rng.randint(0, 2**31, size=4), rng.randint(1, 16, size=4)
   _, block = run(stub, seed_B, eos_at_B, 13, decoding.parse_criterion(spec, k=4))
   for b in range(4):
-    tokens, iterations = _reference_blockwise(stub, int(seed_B[b]), int(eos_at_B[b]), 13,
-                                              decoding.parse_criterion(spec, k=4))
+    tokens, iterations = reference.reference_blockwise(stub, int(seed_B[b]), int(eos_at_B[b]), 13,
+                                                       decoding.chain_tree(4), decoding.parse_criterion(spec, k=4))
     length = int(block.length_B[b])
     assert list(np.asarray(block.tokens_BxL[b])[:length]) == tokens
     assert int(block.iterations_B[b]) == iterations
+
+
+def test_the_design_notes_example_rule_runs_in_the_loop():
+  """docs/DESIGN.md's worked example of a new acceptance rule, executed as written: with rho = 1 it accepts exactly
+  what exact accepts (the stub's argmax is unique), with a tiny rho every proposal."""
+  import os  # pylint: disable=g-import-not-at-top
+  import flax  # pylint: disable=g-import-not-at-top
+  text = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'DESIGN.md')).read()
+  code = text.split('### Adding an acceptance rule')[1].split('```python')[1].split('```')[0]
+  scope = {'flax': flax, 'jax': jax, 'jnp': jnp, 'decoding': decoding, 'UserError': UserError}
+  exec(code, scope)  # pylint: disable=exec-used
+  ratio = scope['Ratio']
+  stub = Stub(vocab_size=16, k=4, head_accuracy=0.5, eos_rate=7)
+  rng = np.random.RandomState(5)
+  seed_B, eos_at_B = rng.randint(0, 2**31, size=4), rng.randint(1, 30, size=4)
+  (greedy_tokens, _, _), exact = run(stub, seed_B, eos_at_B, 20)
+  _, same = run(stub, seed_B, eos_at_B, 20, ratio(rho=1.0))
+  np.testing.assert_array_equal(np.asarray(same.tokens_BxL), np.asarray(greedy_tokens))
+  np.testing.assert_array_equal(np.asarray(same.iterations_B), np.asarray(exact.iterations_B))
+  _, loose = run(stub, seed_B, eos_at_B, 20, ratio(rho=1e-30))
+  assert decoding.summarize(loose)['mean_accepted_block_size'] > decoding.summarize(exact)['mean_accepted_block_size']

@@ -22,8 +22,10 @@ import pytest
 from bpd import checks
 from bpd import decoding
 from bpd import model as model_lib
+from bpd import trees
 from bpd import train
 from bpd.errors import UserError
+from tests import reference
 from configs import common
 from configs import demo
 
@@ -81,14 +83,10 @@ def build_subject():
   return model_lib.Transformer(config), params
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'k', 'criterion'))
 def _greedy_and_blockwise(params, src, *, model, k, criterion=decoding.Criterion()):
-  init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
-  state = init_state(src, MAX_LEN + k + 1)
-  greedy = decoding.greedy(score_fn, state, batch_size=src.shape[0], max_len=MAX_LEN, bos_id=BOS, eos_id=EOS)
-  block = decoding.blockwise(score_fn, propose_fn, state, batch_size=src.shape[0], k=k, max_len=MAX_LEN,
-                             bos_id=BOS, eos_id=EOS, criterion=criterion)
-  return greedy, block
+  fixed = decoding.Fixed(batch_size=src.shape[0], max_len=MAX_LEN, bos_id=BOS, eos_id=EOS)
+  return reference.greedy_and_blockwise(params, src, model=model, tree=reference.chain(k), fixed=fixed,
+                                        rule=criterion)
 
 
 @pytest.fixture(scope='module')
@@ -286,21 +284,20 @@ def test_bad_head_type_is_refused():
 
 
 def test_trees_are_refused_with_sequential_heads(subject, tmp_path):
-  """Before the sweep compiles (checks.check_trees: 'chain' is the blockwise loop and passes), and at trace time
+  """Before the sweep compiles (checks.tree_runs_on: 'chain' is a one-path tree and passes), and at trace time
   for a direct call of the tree decoder (score refuses the tree argument)."""
-  config = common.override(demo.get_config(), **{'decode.trees': ('chain', 'comb:2')})
-  with pytest.raises(UserError, match='sequential'):
-    checks.check_trees(config, str(tmp_path), K, 'sequential')
-  assert [s for s, _, _ in checks.check_trees(config, str(tmp_path), K, 'independent')][0] == 'chain'
-  chains = common.override(demo.get_config(), **{'decode.trees': ('chain',)})
-  assert all(paths is None for _, paths, _ in checks.check_trees(chains, str(tmp_path), K, 'sequential'))
+  assert checks.tree_runs_on(trees.parse_tree_spec('chain', K), 'sequential')
+  for spec in ('comb:2', 'dynamic:8'):
+    assert not checks.tree_runs_on(trees.parse_tree_spec(spec, K), 'sequential')
+    assert checks.tree_runs_on(trees.parse_tree_spec(spec, K), 'independent')
 
   model, params = subject
 
   @jax.jit
   def tree_decode(params, src):
     init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=2)
-    return decoding.tree(score_fn, propose_fn, model_lib.move_cache, init_state(src, 16), batch_size=2,
-                         paths=((0,), (1,), (0, 0)), k=2, max_len=8, bos_id=BOS, eos_id=EOS)
+    return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache), init_state(src, 16),
+                              fixed=decoding.Fixed(batch_size=2, max_len=8, bos_id=BOS, eos_id=EOS),
+                              tree=decoding.layout(((0,), (1,), (0, 0))))
   with pytest.raises(UserError, match='head_type=sequential'):  # raised while tracing: nothing compiles
     tree_decode(params, jnp.asarray(_sources(np.random.RandomState(0), 2)))

@@ -162,7 +162,7 @@ def test_agreement_with_greedy_equals_a_reference_count(heads_run):
   model = model_lib.Transformer(model_config)
   decoder = decoder_lib.Decoder(model, max_len=24, mesh=sharding.make_mesh(1))
   src_ids = _train_ids(tiny_config(k=3), heads_dir)[0][:20]
-  greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src)[0], src_ids, 8)[0]
+  greedy_ids = decoder_lib.run_batches(lambda src: decoder.greedy(params, src).tokens_BxL, src_ids, 8)[0]
   got = train.agreement_with_greedy(train.make_eval_step(model, label_smoothing=0.0, mesh=decoder.mesh), params,
                                     src_ids, greedy_ids, 8, decoder.mesh)
   # Teacher-force every greedy output in one call: each right-padded to the same length (causal attention, so the

@@ -20,6 +20,7 @@ from bpd import layers
 from bpd import model as model_lib
 from bpd.data import images
 from bpd.errors import UserError
+from tests import reference
 
 BOS = 2
 NO_EOS = -1  # Images have no EOS: an id the model never emits, so decoding runs to max_len.
@@ -193,19 +194,10 @@ def image_model(request):
   return model_lib.Transformer(config), params
 
 
-@functools.partial(jax.jit, static_argnames=('model',))
-def _greedy_images(params, src, *, model):
-  init_state, score_fn, _ = model_lib.decode_fns(model, params)
-  state = init_state(src, TGT_LEN + 1)
-  return decoding.greedy(score_fn, state, batch_size=src.shape[0], max_len=TGT_LEN, bos_id=BOS, eos_id=NO_EOS)
-
-
-@functools.partial(jax.jit, static_argnames=('model', 'criterion'))
-def _blockwise_images(params, src, *, model, criterion):
-  init_state, score_fn, propose_fn = model_lib.decode_fns(model, params)
-  state = init_state(src, TGT_LEN + IMAGE_K + 1)
-  return decoding.blockwise(score_fn, propose_fn, state, batch_size=src.shape[0], k=IMAGE_K, max_len=TGT_LEN,
-                            bos_id=BOS, eos_id=NO_EOS, criterion=criterion)
+def _greedy_and_blockwise_images(params, src, *, model, criterion):
+  fixed = decoding.Fixed(batch_size=src.shape[0], max_len=TGT_LEN, bos_id=BOS, eos_id=NO_EOS)
+  return reference.greedy_and_blockwise(params, src, model=model, tree=reference.chain(IMAGE_K), fixed=fixed,
+                                        rule=criterion)
 
 
 @pytest.fixture(scope='module')
@@ -213,9 +205,9 @@ def decoded_images(image_model):
   """Greedy and blockwise (exact, distance:2) decodes of 8 held-out images."""
   model, params = image_model
   src = jnp.asarray(image_sources(np.random.RandomState(123), 8))
-  greedy_tokens, greedy_length, _ = _greedy_images(params, src, model=model)
-  exact = _blockwise_images(params, src, model=model, criterion=decoding.parse_criterion('exact'))
-  distance = _blockwise_images(params, src, model=model, criterion=decoding.parse_criterion('distance:2'))
+  (greedy_tokens, greedy_length, _), exact = _greedy_and_blockwise_images(
+      params, src, model=model, criterion=decoding.parse_criterion('exact'))
+  _, distance = _greedy_and_blockwise_images(params, src, model=model, criterion=decoding.parse_criterion('distance:2'))
   return dict(src=src, greedy=np.asarray(greedy_tokens), greedy_length=np.asarray(greedy_length),
               exact=exact, distance=distance)
 
@@ -297,10 +289,10 @@ def test_a_narrow_output_prior_decodes_the_bicubic_enlargement():
   src = jnp.asarray(images.image_to_tokens(low))
   guess_BxP = np.asarray(layers.bicubic_guess(src, HIGH, LOW))
   far_from_ties = np.abs(guess_BxP - np.floor(guess_BxP) - 0.5) > 0.02  # a guess near x.5 may round either way
-  greedy_tokens, _, _ = _greedy_images(params, src, model=model)
+  (greedy_tokens, _, _), exact = _greedy_and_blockwise_images(params, src, model=model,
+                                                              criterion=decoding.parse_criterion('exact'))
   pixels_BxP = np.asarray(greedy_tokens) - images.PIXEL_OFFSET
   np.testing.assert_array_equal(pixels_BxP[far_from_ties], np.round(guess_BxP)[far_from_ties])
-  exact = _blockwise_images(params, src, model=model, criterion=decoding.parse_criterion('exact'))
   np.testing.assert_array_equal(np.asarray(exact.tokens_BxL), np.asarray(greedy_tokens))
   assert decoding.summarize(exact)['mean_accepted_block_size'] > 3.5  # the heads propose the guesses too
 

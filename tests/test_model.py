@@ -12,6 +12,7 @@ import pytest
 from bpd import decoding
 from bpd import model as model_lib
 from bpd.errors import UserError
+from tests import reference
 from tests.conftest import BOS, EOS, SRC_LEN, toy_batch
 
 
@@ -69,14 +70,9 @@ def test_cached_decoder_matches_full_recompute(toy_model):
     np.testing.assert_allclose(np.asarray(proposals[b]), full_BxTxKxV[b, s + 2, 1:], atol=1e-4)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'k', 'max_len', 'criterion'))
-def _greedy_and_blockwise(params, src, *, model, k, max_len, criterion):
-  init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
-  state = init_state(src, max_len + k + 1)
-  greedy = decoding.greedy(score_fn, state, batch_size=src.shape[0], max_len=max_len, bos_id=BOS, eos_id=EOS)
-  block = decoding.blockwise(score_fn, propose_fn, state, batch_size=src.shape[0], k=k, max_len=max_len,
-                             bos_id=BOS, eos_id=EOS, criterion=criterion)
-  return greedy, block
+def _greedy_and_blockwise(params, src, *, model, k, max_len):
+  fixed = decoding.Fixed(batch_size=src.shape[0], max_len=max_len, bos_id=BOS, eos_id=EOS)
+  return reference.greedy_and_blockwise(params, src, model=model, tree=reference.chain(k), fixed=fixed)
 
 
 def test_trained_toy_model_is_a_fair_test_subject(toy_model):
@@ -88,8 +84,8 @@ def test_trained_toy_model_is_a_fair_test_subject(toy_model):
   lengths in the two weakest runs) and the mean accepted block 1.39-1.80, each well inside the bounds below."""
   model, params, _ = toy_model
   src, tgt = toy_batch(np.random.RandomState(7), 16)
-  (greedy_tokens, greedy_length, _), block = _greedy_and_blockwise(
-      params, jnp.asarray(src), model=model, k=4, max_len=12, criterion=decoding.Criterion())
+  (greedy_tokens, greedy_length, _), block = _greedy_and_blockwise(params, jnp.asarray(src), model=model, k=4,
+                                                                  max_len=12)
   greedy_tokens = np.asarray(greedy_tokens)[:, :SRC_LEN]
   words = tgt > EOS
   assert (greedy_tokens == tgt)[words].mean() >= 0.1
@@ -111,8 +107,8 @@ def test_exact_blockwise_equals_greedy_on_the_real_model(toy_model, batch, k, ma
   model, params, _ = toy_model
   rng = np.random.RandomState(seed)
   src, _ = toy_batch(rng, batch)
-  (greedy_tokens, greedy_length, _), block = _greedy_and_blockwise(
-      params, jnp.asarray(src), model=model, k=k, max_len=max_len, criterion=decoding.Criterion())
+  (greedy_tokens, greedy_length, _), block = _greedy_and_blockwise(params, jnp.asarray(src), model=model, k=k,
+                                                                  max_len=max_len)
   np.testing.assert_array_equal(np.asarray(block.tokens_BxL), np.asarray(greedy_tokens))
   np.testing.assert_array_equal(np.asarray(block.length_B), np.asarray(greedy_length))
 

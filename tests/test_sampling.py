@@ -24,8 +24,8 @@ def fixed_score_fn(state, tokens_BxT, start):
 
 @functools.partial(jax.jit, static_argnames=('rows', 'steps'))
 def sample_fixed(key, temperature, rows=ROWS, steps=STEPS):
-  tokens_BxL, _, _ = decoding.greedy(decoder_lib.sampling_score_fn(fixed_score_fn, key, temperature), {},
-                                     batch_size=rows, max_len=steps, bos_id=stubs.BOS, eos_id=stubs.EOS)
+  fixed = decoding.Fixed(batch_size=rows, max_len=steps, bos_id=stubs.BOS, eos_id=stubs.EOS)
+  tokens_BxL, _, _ = decoding.greedy(decoder_lib.sampling_score_fn(fixed_score_fn, key, temperature), {}, fixed=fixed)
   return tokens_BxL
 
 
@@ -44,8 +44,8 @@ def test_sampling_is_reproducible_for_a_seed_and_differs_from_greedy_where_it_mu
   assert not np.array_equal(a, np.asarray(sample_fixed(jax.random.PRNGKey(4), 1.0)))
   # Greedy takes the most likely word (probability 0.7) everywhere; a sampled row of 8 equals that with
   # probability 0.7**8 < 0.06, so among 2000 rows some (by the law of large numbers, about 94%) differ.
-  greedy, _, _ = decoding.greedy(fixed_score_fn, {}, batch_size=ROWS, max_len=STEPS, bos_id=stubs.BOS,
-                                 eos_id=stubs.EOS)
+  greedy, _, _ = decoding.greedy(fixed_score_fn, {}, fixed=decoding.Fixed(batch_size=ROWS, max_len=STEPS,
+                                                                          bos_id=stubs.BOS, eos_id=stubs.EOS))
   assert (np.asarray(greedy) == stubs.FIRST_WORD).all()
   differs = np.mean(np.any(a != np.asarray(greedy), axis=1))
   assert abs(differs - (1 - 0.7 ** STEPS)) < 0.03
@@ -58,8 +58,8 @@ def test_sampling_near_zero_temperature_is_greedy_on_the_prefix_hashing_stub():
   seed_B, eos_at_B = jnp.arange(16), jnp.full((16,), 30)
 
   def run(score_fn):
-    tokens_BxL, length_B, _ = decoding.greedy(score_fn, stub.init_state(seed_B, eos_at_B, 41), batch_size=16,
-                                              max_len=40, bos_id=stubs.BOS, eos_id=stubs.EOS)
+    fixed = decoding.Fixed(batch_size=16, max_len=40, bos_id=stubs.BOS, eos_id=stubs.EOS)
+    tokens_BxL, length_B, _ = decoding.greedy(score_fn, stub.init_state(seed_B, eos_at_B, 41), fixed=fixed)
     return np.asarray(tokens_BxL), np.asarray(length_B)
 
   greedy_tokens, greedy_length = run(stub.score_fn)

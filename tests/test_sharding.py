@@ -130,10 +130,9 @@ def _worker_decoding_agrees():
     placed = sharding.place_state(params, mesh)
     batch_size = sharding.decode_batch_size(12, mesh)  # 16 on 8 devices: 21 rows -> 2 batches, 11 padding
     assert batch_size == (12 if name == '1' else 16)
-    greedy, _ = decoder_lib.run_batches(lambda src: decoder.greedy(placed, src)[0], src_ids, batch_size)
-    exact = decoding.Criterion()
-    block, _ = decoder_lib.run_batches(lambda src: decoder.blockwise(placed, src, k=3, criterion=exact), src_ids,
-                                    batch_size)
+    greedy, _ = decoder_lib.run_batches(lambda src: decoder.greedy(placed, src).tokens_BxL, src_ids, batch_size)
+    block, _ = decoder_lib.run_batches(
+        lambda src: decoder.blockwise(placed, src, decoding.EXACT, decoder_lib.chain(3)), src_ids, batch_size)
     outputs[name] = (np.stack(greedy), np.stack([o.tokens_BxL for o in block]))
   np.testing.assert_array_equal(outputs['8'][0], outputs['1'][0])
   np.testing.assert_array_equal(outputs['8'][1], outputs['1'][1])

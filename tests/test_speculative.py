@@ -11,7 +11,7 @@ outcomes expected at least 5 times (the rarer ones merged into one cell, Cochran
 approximation holds), compared with the chi-square quantile of false-alarm rate ALPHA = 1e-4 at cells - 1
 degrees of freedom. A sample outside the support fails outright. Every comparison of a correct sampler therefore
 fails by chance with probability about 1e-4 (the seeds are fixed, so a run is reproducible); the planted errors
-(speculative._plant) push the statistic 9 to 90 times past the bound (645 to 6900 against 73.5).
+(tests/planted.py) push the statistic far past the bound.
 """
 
 import collections
@@ -27,6 +27,7 @@ from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import speculative
 from bpd.errors import UserError
+from tests import planted
 from tests.stubs import BOS, EOS, SoftStub
 
 ALPHA = 1e-4  # false-alarm rate of one comparison
@@ -37,10 +38,14 @@ TREE = ((0,), (0, 0), (0, 1), (0, 2), (0, 0, 0), (0, 0, 1), (0, 1, 0))  # siblin
 
 @functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'paths', 'plant', 'top_k', 'top_p'))
 def _sample(key, seed_B, temperature, *, stub, batch_size, max_len, paths=None, plant=None, top_k=0, top_p=1.0):
-  state = stub.init_state(seed_B, max_len + (len(paths) if paths else stub.k) + 1)
-  return speculative.speculative(stub.score_fn, stub.propose_fn, state, key=key, temperature=temperature,
-                                 batch_size=batch_size, k=stub.k, max_len=max_len, bos_id=BOS, eos_id=EOS,
-                                 paths=paths, move_fn=stub.move_fn, top_k=top_k, top_p=top_p, _plant=plant)
+  tree = decoding.layout(decoding.check_tree(paths or decoding.chain_tree(stub.k), stub.k))
+  state = stub.init_state(seed_B, max_len + tree.num_nodes + 1)
+  rule = speculative.Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+  if plant:
+    rule = planted.Planted(rule, plant)
+  return decoding.blockwise(decoding.ModelFns(stub.score_fn, stub.propose_fn, stub.move_fn), state,
+                            fixed=decoding.Fixed(batch_size=batch_size, max_len=max_len, bos_id=BOS, eos_id=EOS),
+                            tree=tree, rule=rule, key=key)
 
 
 @functools.partial(jax.jit, static_argnames=('stub', 'max_len', 'paths'))
@@ -73,7 +78,7 @@ def chi_square(outcomes, exact):
 
 
 def assert_matches_ancestral(result, stub, max_len, temperature, top_k=0, top_p=1.0):
-  """The samples of `result` (a BlockwiseResult, or (tokens, lengths)) follow ancestral sampling of the stub."""
+  """The samples of `result` (a DecodeResult, or (tokens, lengths)) follow ancestral sampling of the stub."""
   tokens, lengths = (result.tokens_BxL, result.length_B) if hasattr(result, 'tokens_BxL') else result
   exact = stub.exact_distribution(SEED, max_len, temperature, top_k, top_p)
   statistic, bound, outside = chi_square(_outcomes(tokens, lengths), exact)
@@ -98,7 +103,7 @@ def test_the_enumerated_distribution_is_what_ancestral_sampling_draws():
   def ancestral(key):
     score_fn = decoder_lib.sampling_score_fn(stub.score_fn, key, jnp.float32(0.6))
     tokens, length, _ = decoding.greedy(score_fn, stub.init_state(jnp.full((SAMPLES,), SEED, jnp.uint32), 4),
-                                        batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS)
+                                        fixed=decoding.Fixed(batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS))
     return tokens, length
 
   assert_matches_ancestral(ancestral(jax.random.PRNGKey(1)), stub, 3, 0.6)
@@ -106,7 +111,8 @@ def test_the_enumerated_distribution_is_what_ancestral_sampling_draws():
 
 # -- exact in distribution ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('k, max_len, temperature', [(2, 3, 1.0), (3, 3, 0.6), (4, 4, 1.0)])
+# Outputs longer than one block (max_len > k) too, so that a wrong bonus token shows in what follows it.
+@pytest.mark.parametrize('k, max_len, temperature', [(2, 3, 1.0), (3, 3, 0.6), (4, 4, 1.0), (3, 5, 0.7)])
 def test_chain_samples_follow_the_model_at_batch_above_1(k, max_len, temperature):
   stub = SoftStub(k=k)
   result = _batch(stub, max_len, temperature)
@@ -150,7 +156,7 @@ def test_truncated_ancestral_sampling_is_the_enumerated_truncated_distribution(t
   def ancestral(key):
     score_fn = decoder_lib.sampling_score_fn(stub.score_fn, key, jnp.float32(0.8), top_k, top_p)
     tokens, length, _ = decoding.greedy(score_fn, stub.init_state(jnp.full((SAMPLES,), SEED, jnp.uint32), 4),
-                                        batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS)
+                                        fixed=decoding.Fixed(batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS))
     return tokens, length
 
   samples = ancestral(jax.random.PRNGKey(3))
@@ -184,23 +190,23 @@ def test_sampling_logits_keep_ties_and_at_least_one_token():
 @pytest.mark.parametrize('top_k, top_p', [(-1, 1.0), (2.5, 1.0), (0, 0.0), (0, 1.5)])
 def test_bad_truncation_is_a_user_error(top_k, top_p):
   with pytest.raises(UserError, match='sample_top'):
-    speculative.speculative(None, None, {}, key=jax.random.PRNGKey(0), temperature=1.0, batch_size=2, k=3,
-                            max_len=4, bos_id=BOS, eos_id=EOS, top_k=top_k, top_p=top_p)
+    speculative.check_truncation(top_k, top_p)
 
 
 # -- the same test catches planted errors ------------------------------------------------------------------
 
-@pytest.mark.parametrize('plant, paths', [
-    ('no_residual', None),     # a rejection resamples from p instead of norm(max(0, p - q))
-    ('no_bonus', None),        # the all-accepted case is taken for a rejection: no bonus token from p
-    ('q_temperature', None),   # drafts drawn at T, but min(1, p/q) and the residual use q at T = 1
-    ('no_residual', TREE),
-    ('stale_residual', TREE),  # every sibling tested against p, not against what the earlier rejections left
+@pytest.mark.parametrize('plant, paths, max_len', [
+    ('no_residual', None, 3),     # a rejection resamples from p instead of norm(max(0, p - q))
+    ('no_bonus', None, 3),        # the all-accepted case is taken for a rejection: no bonus token from p
+    ('no_bonus', None, 5),        # ... and with outputs longer than one block
+    ('q_temperature', None, 3),   # drafts drawn at T, but min(1, p/q) and the residual use q at T = 1
+    ('no_residual', TREE, 3),
+    ('stale_residual', TREE, 3),  # every sibling tested against p, not against what the earlier rejections left
 ])
-def test_planted_errors_fail_the_distribution_test(plant, paths):
+def test_planted_errors_fail_the_distribution_test(plant, paths, max_len):
   stub = SoftStub(k=3)
   with pytest.raises(AssertionError, match='chi-square'):
-    assert_matches_ancestral(_batch(stub, 3, 0.6, paths=paths, plant=plant), stub, 3, 0.6)
+    assert_matches_ancestral(_batch(stub, max_len, 0.6, paths=paths, plant=plant), stub, max_len, 0.6)
 
 
 # -- streams, errors ---------------------------------------------------------------------------------------
@@ -223,15 +229,13 @@ def test_same_seed_same_samples_and_a_row_ignores_the_other_rows():
     assert not np.array_equal(np.asarray(a.tokens_BxL)[0], np.asarray(a.tokens_BxL)[3])
 
 
-@pytest.mark.parametrize('criterion', ['top_k:2', 'distance:2', 'min_block:2', 'top_k:2+min_block:2',
-                                       decoding.parse_criterion('distance:1')])
-def test_approximate_criteria_are_a_user_error_before_anything_runs(criterion):
-  def never_called(*args):
-    raise AssertionError('score_fn called before the criterion was checked')
-
+@pytest.mark.parametrize('spec', ['speculative+top_k:2', 'distance:2+speculative', 'speculative+min_block:2',
+                                  'top_k:2+speculative+min_block:2'])
+def test_approximate_criteria_are_a_user_error_with_sampling(spec):
   with pytest.raises(UserError, match='cannot be used with speculative sampling'):
-    speculative.speculative(never_called, never_called, {}, key=jax.random.PRNGKey(0), temperature=1.0,
-                            batch_size=2, k=3, max_len=4, bos_id=BOS, eos_id=EOS, criterion=criterion)
+    speculative.parse_rule(spec, k=3, temperature=1.0)
+  assert speculative.parse_rule('speculative', k=3, temperature=0.5) == speculative.Sampling(temperature=0.5)
+  assert str(speculative.parse_rule('speculative', temperature=0.5)) == 'speculative'
 
 
 def test_a_tree_needs_the_single_root():
@@ -253,15 +257,17 @@ def test_near_zero_temperature_is_greedy_on_the_real_model(real_model):
   """At T = 1e-6 p and q are point masses at their argmax: a draft is accepted iff it is head 1's choice and a
   rejection's residual is head 1's choice, so speculative sampling must give greedy's output, token for token,
   through the model's cache, positions, tree mask and move_cache. At T = 1 it samples something else. (A tree:
-  the chain's path through the sampler is the stub tests'; its model calls are those of decoding.blockwise.)"""
+  the chain's path through the sampler is the stub tests'.)"""
   model, params = real_model
   paths = ((0,), (0, 0), (0, 1), (0, 0, 0))
   decoder = decoder_lib.Decoder(model, max_len=10, eos_id=1)
   src = np.random.RandomState(0).randint(3, 24, size=(4, 6)).astype(np.int32)
-  greedy_tokens, greedy_length = decoder.greedy(params, src)
-  cold = decoder.speculative(params, src, k=3, temperature=1e-6, seed=0, paths=paths)
+  greedy = decoder.greedy(params, src)
+  greedy_tokens, greedy_length = greedy.tokens_BxL, greedy.length_B
+  tree = decoding.layout(paths)
+  cold = decoder.blockwise(params, src, speculative.Sampling(temperature=1e-6), tree, seed=0)
   np.testing.assert_array_equal(np.asarray(cold.tokens_BxL), np.asarray(greedy_tokens))
   np.testing.assert_array_equal(np.asarray(cold.length_B), np.asarray(greedy_length))
-  warm = decoder.speculative(params, src, k=3, temperature=1.0, seed=0, paths=paths)
+  warm = decoder.blockwise(params, src, speculative.Sampling(temperature=1.0), tree, seed=0)
   assert not np.array_equal(np.asarray(warm.tokens_BxL), np.asarray(greedy_tokens))
   assert decoding.summarize(warm)['iterations'] < int(np.asarray(warm.length_B).sum())  # some blocks of 2+

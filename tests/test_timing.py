@@ -50,7 +50,7 @@ def test_scalar_start_greedy_equals_per_row_start_greedy_on_the_real_model(toy_m
     init_state, score_fn, _ = model_lib.decode_fns(model, params, num_heads=1)
     state = init_state(src, 15)
     per_row = lambda s, t, start: score_fn(s, t, jnp.broadcast_to(start, (src.shape[0],)))
-    kwargs = dict(batch_size=src.shape[0], max_len=14, bos_id=BOS, eos_id=EOS)
+    kwargs = dict(fixed=decoding.Fixed(batch_size=src.shape[0], max_len=14, bos_id=BOS, eos_id=EOS))
     return decoding.greedy(score_fn, state, **kwargs), decoding.greedy(per_row, state, **kwargs)
 
   (scalar_tokens, scalar_length, _), (row_tokens, row_length, _) = both(params, jnp.asarray(src))
@@ -62,7 +62,8 @@ def test_scalar_start_on_the_stub():
   stub = stubs.Stub(vocab_size=20, k=1)
   seeds, eos_at = np.arange(4) + 11, np.array([5, 9, 30, 2])
   state = stub.init_state(jnp.asarray(seeds), jnp.asarray(eos_at), 21)
-  tokens, _, _ = decoding.greedy(stub.score_fn, state, batch_size=4, max_len=20, bos_id=BOS, eos_id=EOS)
+  tokens, _, _ = decoding.greedy(stub.score_fn, state, fixed=decoding.Fixed(batch_size=4, max_len=20, bos_id=BOS,
+                                                                            eos_id=EOS))
   np.testing.assert_array_equal(np.asarray(tokens), stub.reference_greedy(seeds, eos_at, 20))
 
 

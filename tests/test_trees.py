@@ -1,4 +1,5 @@
-"""Tree-structured candidates (bpd/decoding.py, tree): topology checks, exactness on stubs and on the real model."""
+"""Tree-structured candidates (bpd/decoding.py, blockwise over a tree): topology checks, static and per-row
+(context-aware) trees, exactness on stubs and on the real model."""
 
 import dataclasses
 import functools
@@ -15,6 +16,7 @@ from bpd import model as model_lib
 from bpd import trees
 from bpd.errors import UserError
 from tests.conftest import BOS as TOY_BOS, EOS as TOY_EOS, SRC_LEN, toy_batch
+from tests import reference
 from tests.stubs import BOS, EOS, Stub
 
 SETTINGS = hypothesis.settings(max_examples=12, deadline=None, derandomize=True, database=None)
@@ -34,15 +36,23 @@ TREES = (
 def test_layout_of_a_small_tree():
   paths = decoding.check_tree(((0, 1), (0,), (1,), (0, 0), (0, 0, 0)), k=3)
   assert paths == ((0,), (1,), (0, 0), (0, 1), (0, 0, 0))  # canonical: by depth, then by ranks
-  layout = decoding.tree_layout(paths)
-  assert layout['depth_N'].tolist() == [0, 0, 1, 1, 2]
-  assert layout['rank_N'].tolist() == [0, 1, 0, 1, 0]
-  assert layout['parent_N'].tolist() == [-1, -1, 0, 0, 2]
-  assert layout['ancestor_NxN'].astype(int).tolist() == [
+  layout = decoding.layout(paths)
+  assert layout is decoding.layout(paths)  # built once per topology
+  assert layout.depth_N.tolist() == [0, 0, 1, 1, 2]
+  assert layout.rank_N.tolist() == [0, 1, 0, 1, 0]
+  assert layout.parent_N.tolist() == [-1, -1, 0, 0, 2]
+  assert layout.ancestor_NxN.astype(int).tolist() == [
       [1, 0, 0, 0, 0], [0, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 1, 0, 1]]
-  assert layout['path_NxD'][4].tolist() == [0, 2, 4] and layout['path_NxD'][3].tolist()[:2] == [0, 3]
-  assert layout['zero_path_D'].tolist() == [0, 2, 4]
+  assert layout.path_NxD[4].tolist() == [0, 2, 4] and layout.path_NxD[3].tolist()[:2] == [0, 3]
+  assert layout.zero_path_D.tolist() == [0, 2, 4]
+  assert not layout.is_chain and decoding.layout(decoding.chain_tree(3)).is_chain
   assert decoding.check_tree(decoding.chain_tree(3), k=3) == ((0,), (0, 0), (0, 0, 0))
+  # A tree per row built from the parents alone has the same ancestors and paths.
+  rows = decoding.row_tree(jnp.asarray(layout.depth_N)[None], jnp.asarray(layout.rank_N)[None],
+                           jnp.asarray(layout.parent_N)[None], depth=3, num_ranks=2)
+  np.testing.assert_array_equal(np.asarray(rows.ancestor_BxNxN[0]), layout.ancestor_NxN)
+  for n, path in enumerate(paths):
+    assert np.asarray(rows.path_BxNxD[0, n, :len(path)]).tolist() == layout.path_NxD[n, :len(path)].tolist()
 
 
 @pytest.mark.parametrize('paths, message', [
@@ -68,30 +78,38 @@ def test_min_block_needs_the_rank_zero_path():
 
 # -- stub model --------------------------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'paths', 'max_len', 'criterion'))
-def _tree(seed_B, eos_at_B, *, stub, batch_size, paths, max_len, criterion):
-  state = stub.init_state(seed_B, eos_at_B, max_len + len(paths) + 1)
-  return decoding.tree(stub.score_fn, stub.propose_fn, stub.move_fn, state, batch_size=batch_size, paths=paths,
-                       k=stub.k, max_len=max_len, bos_id=BOS, eos_id=EOS, criterion=criterion)
+@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'tree', 'max_len', 'criterion'))
+def _decode(seed_B, eos_at_B, *, stub, batch_size, tree, max_len, criterion):
+  state = stub.init_state(seed_B, eos_at_B, max_len + tree.num_nodes + 1)
+  return decoding.blockwise(decoding.ModelFns(stub.score_fn, stub.propose_fn, stub.move_fn), state,
+                            fixed=decoding.Fixed(batch_size=batch_size, max_len=max_len, bos_id=BOS, eos_id=EOS),
+                            tree=tree, rule=criterion)
 
 
-@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'criterion'))
-def _blockwise(seed_B, eos_at_B, *, stub, batch_size, max_len, criterion):
-  state = stub.init_state(seed_B, eos_at_B, max_len + stub.k + 1)
-  return decoding.blockwise(stub.score_fn, stub.propose_fn, state, batch_size=batch_size, k=stub.k,
-                            max_len=max_len, bos_id=BOS, eos_id=EOS, criterion=criterion)
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Unspecialised(decoding.Layout):
+  """A one-path tree decoded as a general tree (tree mask, cache move): what the chain's trace-time
+  specialisation must equal."""
+
+  @property
+  def is_chain(self):
+    return False
 
 
 def run(stub, seed_B, eos_at_B, max_len, paths, criterion=decoding.Criterion(), with_blockwise=False):
-  """The tree result, or (blockwise result with all stub.k heads, tree result) with_blockwise."""
+  """The result over `paths` (a topology, or a decoding.Dynamic), or (the chain of all stub.k heads, that result)
+  with_blockwise."""
   args = jnp.asarray(np.asarray(seed_B)), jnp.asarray(np.asarray(eos_at_B))
   statics = dict(stub=stub, batch_size=len(seed_B), max_len=max_len, criterion=criterion)
-  tree = _tree(*args, paths=decoding.check_tree(paths, stub.k), **statics)
-  return (_blockwise(*args, **statics), tree) if with_blockwise else tree
+  tree = paths if isinstance(paths, (decoding.Dynamic, decoding.Layout)) else decoding.layout(
+      decoding.check_tree(paths, stub.k))
+  result = _decode(*args, tree=tree, **statics)
+  return (_decode(*args, tree=decoding.layout(decoding.chain_tree(stub.k)), **statics), result) if with_blockwise \
+      else result
 
 
 def _assert_same_result(a, b):
-  for field in ('tokens_BxL', 'length_B', 'iterations_B', 'block_counts_BxK', 'invocations'):
+  for field in ('tokens_BxL', 'length_B', 'iterations_B', 'block_counts_BxK', 'first_call_B', 'invocations'):
     np.testing.assert_array_equal(np.asarray(getattr(a, field)), np.asarray(getattr(b, field)), err_msg=field)
 
 
@@ -140,6 +158,9 @@ def test_one_path_tree_is_exactly_blockwise(k, batch, max_len, spec, seed):
   block, tree = run(stub, seed_B, eos_at_B, max_len, decoding.chain_tree(k), decoding.parse_criterion(spec),
                     with_blockwise=True)
   _assert_same_result(tree, block)
+  unspecialised = _Unspecialised(**{f.name: getattr(decoding.layout(decoding.chain_tree(k)), f.name)
+                                    for f in dataclasses.fields(decoding.Layout)})
+  _assert_same_result(run(stub, seed_B, eos_at_B, max_len, unspecialised, decoding.parse_criterion(spec)), block)
 
 
 def test_heads_always_right_accept_full_paths_and_stop_inside_one():
@@ -165,48 +186,80 @@ def test_a_tree_finds_second_choices_the_chain_misses():
   assert np.asarray(block.iterations_B).sum() > 8 * 10
 
 
+# -- context-aware trees (decoding.Dynamic): a tree per row and iteration --------------------------------------
+
+dynamic_cases = st.fixed_dictionaries({
+    'tree': st.sampled_from([decoding.Dynamic(4, 3, beam=2, ranks=2), decoding.Dynamic(8, 4, beam=4, ranks=4),
+                             decoding.Dynamic(16, 4)]),
+    'batch': st.sampled_from([1, 3, 8]),
+    'max_len': st.sampled_from([1, 20]),
+    'accuracy': st.sampled_from([0.0, 0.5, 1.0]),
+    'runner_up': st.sampled_from([0.0, 0.9]),
+    'noise_levels': st.sampled_from([1000, 2]),  # 2: the heads' other tokens tie in pairs and beyond
+    'eos_rate': st.sampled_from([0, 5]),
+    'seed': st.integers(0, 2**31 - 1),
+})
+
+
+@hypothesis.given(dynamic_cases)
+@SETTINGS
+def test_exact_dynamic_tree_equals_greedy_reference(case):
+  """Rows with different trees in one batch (each row's heads differ), ties in the heads' scores included: the
+  output is greedy's, token for token, at every batch size."""
+  stub = Stub(vocab_size=16, k=4, head_accuracy=case['accuracy'], eos_rate=case['eos_rate'],
+              runner_up_accuracy=case['runner_up'], noise_levels=case['noise_levels'])
+  rng = np.random.RandomState(case['seed'] % 2**31)
+  seed_B = rng.randint(0, 2**31, size=case['batch'])
+  eos_at_B = rng.randint(1, case['max_len'] + 3, size=case['batch'])
+  reference_tokens = stub.reference_greedy(seed_B, eos_at_B, case['max_len'])
+  result = run(stub, seed_B, eos_at_B, case['max_len'], case['tree'])
+  np.testing.assert_array_equal(np.asarray(result.tokens_BxL), reference_tokens)
+  np.testing.assert_array_equal(np.asarray(result.length_B), (reference_tokens != 0).sum(axis=1))
+
+
+def test_dynamic_trees_differ_per_row_and_accept_more_than_a_static_tree_of_the_same_size():
+  """The trees really are per row (different parents in one batch), and spending the nodes where the heads are
+  confident beats the static 8-node tree (runner-up choices are right half the time where the first is wrong)."""
+  stub = Stub(vocab_size=16, k=4, head_accuracy=0.5, runner_up_accuracy=0.6)
+  tree = decoding.Dynamic(8, 4, beam=4, ranks=4)
+  head1_BxV = jax.random.normal(jax.random.PRNGKey(0), (6, 16))
+  heads_BxDm1xV = 3.0 * jax.random.normal(jax.random.PRNGKey(1), (6, 3, 16))
+  built = tree.build(head1_BxV, heads_BxDm1xV)
+  parents = np.asarray(built.parent_BxN)
+  assert len({tuple(row) for row in parents.tolist()}) > 1
+  assert (parents[:, 0] == -1).all() and (parents[:, 1:] >= 0).all() and (parents[:, 1:] < np.arange(1, 8)).all()
+  rng = np.random.RandomState(0)
+  seed_B, eos_at_B = rng.randint(0, 2**31, size=16), np.full(16, 100)
+  static = run(stub, seed_B, eos_at_B, 40, TREES[1][:8])
+  dynamic = run(stub, seed_B, eos_at_B, 40, tree)
+  np.testing.assert_array_equal(np.asarray(dynamic.tokens_BxL), np.asarray(static.tokens_BxL))
+  assert decoding.summarize(dynamic)['mean_accepted_block_size'] > decoding.summarize(static)['mean_accepted_block_size']
+
+
+def test_a_second_root_may_go_deeper_than_an_ending_next_token():
+  """The last-token rule: with several roots under top_k:2 the row is not decided by head 1's next token alone, so
+  no iteration is skipped when that token ends the row. The smallest case: tree ((0,), (1,), (0, 0), (1, 0)), k = 2,
+  max_len 2, head 1's first choice EOS: an iteration at BOS may accept the second root and its child."""
+  stub = Stub(vocab_size=16, k=2, head_accuracy=0.5)
+  paths = ((0,), (1,), (0, 0), (1, 0))
+  rng = np.random.RandomState(0)
+  seed_B, eos_at_B = rng.randint(0, 2**31, size=64), np.ones(64, int)  # EOS is head 1's first choice
+  criterion = decoding.parse_criterion('top_k:2')
+  result = run(stub, seed_B, eos_at_B, 2, paths, criterion)
+  lengths = np.asarray(result.length_B)
+  for b in range(64):
+    tokens, iterations = reference.reference_blockwise(stub, int(seed_B[b]), int(eos_at_B[b]), 2, paths, criterion)
+    assert list(np.asarray(result.tokens_BxL[b])[:lengths[b]]) == tokens
+    assert int(result.iterations_B[b]) == iterations == 1
+  assert (lengths == 2).any() and (lengths == 1).any()  # some rows took the second root's path
+  # Exact acceptance, or a single root: only head 1's choice can start the block, and the first call ends the row.
+  for paths, criterion in ((paths, decoding.EXACT), (((0,), (0, 0)), criterion)):
+    result = run(stub, seed_B, eos_at_B, 2, paths, criterion)
+    assert (np.asarray(result.length_B) == 1).all() and (np.asarray(result.iterations_B) == 0).all()
+    assert (np.asarray(result.first_call_B) == 1).all()
+
+
 # -- other criteria against an uncached reference ----------------------------------------------------------
-
-def _score_from_scratch(stub, seed, eos_at, tokens):
-  """Head-1 logits [T, V] and hidden states at every position of [BOS] + tokens, with a fresh state (no cache)."""
-  state = stub.init_state(jnp.asarray([seed]), jnp.asarray([eos_at]), len(tokens) + 2)
-  logits, hidden, _ = stub.score_fn(state, jnp.asarray([[BOS] + list(tokens)], jnp.int32),
-                                    jnp.zeros((1,), jnp.int32))
-  return np.asarray(logits[0]), hidden
-
-
-def _reference_tree(stub, seed, eos_at, max_len, paths, criterion):
-  """Tree decoding of one row written the slow, obvious way: every candidate path is scored from scratch as a
-  plain sequence (no tree mask, no cache). Returns (tokens, iterations). Shares only `accept_mask` with the code.
-  """
-  paths = decoding.check_tree(paths, stub.k)
-  out, iterations = [], 0
-  while True:
-    j = len(out)
-    logits, hidden = _score_from_scratch(stub, seed, eos_at, out)
-    if int(np.argmax(logits[j])) == EOS or j + 1 >= max_len:  # the next token ends the row: no iteration for it
-      return out + [int(np.argmax(logits[j]))], iterations
-    heads = [logits[j]]
-    if stub.k > 1:
-      heads += list(np.asarray(stub.propose_fn(jax.tree.map(lambda x: x[:, j], hidden)))[0])
-    # Rank r of a head: the r-th token by score, ties to the lower id.
-    token = {p: int(np.argsort(-heads[len(p) - 1], kind='stable')[p[-1]]) for p in paths}
-    passed = {}
-    for p in paths:
-      before, _ = _score_from_scratch(stub, seed, eos_at, out + [token[p[:d + 1]] for d in range(len(p) - 1)])
-      ok = decoding.accept_mask(criterion, jnp.asarray([[token[p]]]), jnp.asarray(before[None, j + len(p) - 1:][:, :1]))
-      passed[p] = bool(np.asarray(ok)[0, 0]) and (len(p) == 1 or passed[p[:-1]])
-    best = max((p for p in paths if passed[p]), key=len)  # max keeps the first of equal length: canonical order
-    if len(best) < criterion.min_block:
-      best = (0,) * criterion.min_block
-    accepted = [token[best[:d + 1]] for d in range(len(best))]
-    if EOS in accepted:
-      accepted = accepted[:accepted.index(EOS) + 1]
-    out += accepted[:max_len - j]
-    iterations += 1
-    if out[-1] == EOS or len(out) >= max_len:
-      return out, iterations
-
 
 @pytest.mark.parametrize('spec', ['exact', 'top_k:2', 'distance:2', 'top_k:2+min_block:2', 'min_block:3'])
 def test_every_criterion_matches_an_uncached_reference(spec):
@@ -216,7 +269,8 @@ def test_every_criterion_matches_an_uncached_reference(spec):
   seed_B, eos_at_B = rng.randint(0, 2**31, size=2), rng.randint(1, 16, size=2)
   tree = run(stub, seed_B, eos_at_B, 13, TREES[1], criterion)
   for b in range(2):
-    tokens, iterations = _reference_tree(stub, int(seed_B[b]), int(eos_at_B[b]), 13, TREES[1], criterion)
+    tokens, iterations = reference.reference_blockwise(stub, int(seed_B[b]), int(eos_at_B[b]), 13, TREES[1],
+                                                       criterion)
     length = int(tree.length_B[b])
     assert list(np.asarray(tree.tokens_BxL[b])[:length]) == tokens
     assert int(tree.iterations_B[b]) == iterations
@@ -245,62 +299,61 @@ def test_tree_scores_match_full_recompute(toy_model, attention_block):
   B = 3
   src, _ = toy_batch(rng, B)
   paths = decoding.check_tree(TREES[1], 4)
-  layout = decoding.tree_layout(paths)
+  layout = decoding.layout(paths)
   N = len(paths)
   prefix = rng.randint(3, 24, size=(B, 5))
   prefix[:, 0] = TOY_BOS
   nodes = rng.randint(3, 24, size=(B, N))
   init_state, score_fn, _ = model_lib.decode_fns(model, params)
-  tree = (layout['depth_N'], layout['ancestor_NxN'])
+  tree = decoding.mask_arg(layout)
   score_tree = jax.jit(lambda state, tokens, start: score_fn(state, tokens, start, tree))
   init_state, score_fn = jax.jit(init_state, static_argnums=1), jax.jit(score_fn)
   state = init_state(jnp.asarray(src), 5 + N + 8)
   start = np.array([2, 5, 3])  # rows at different lengths; slots past them hold stale entries
   _, _, state = score_fn(state, jnp.asarray(prefix), jnp.zeros((B,), jnp.int32))
   logits, _, state = score_tree(state, jnp.asarray(nodes), jnp.asarray(start))
-  sequences = [list(prefix[b, :start[b]]) + [nodes[b, layout['path_NxD'][n, d]] for d in range(len(paths[n]))]
+  sequences = [list(prefix[b, :start[b]]) + [nodes[b, layout.path_NxD[n, d]] for d in range(len(paths[n]))]
                for b in range(B) for n in range(N)]
   expected = _last_logits(model, params, np.repeat(src, N, axis=0), sequences)
   np.testing.assert_allclose(np.asarray(logits).reshape(B * N, -1), expected, atol=1e-4)
   # Accept the path to node 7 = (0, 1, 0) in every row, move it into place, then feed one more token after it.
   assert paths[7] == (0, 1, 0)
-  state = model_lib.move_cache(state, jnp.asarray(start), jnp.asarray(np.tile(layout['path_NxD'][7], (B, 1))))
+  state = model_lib.move_cache(state, jnp.asarray(start), jnp.asarray(np.tile(layout.path_NxD[7], (B, 1))))
   after = rng.randint(3, 24, size=(B, 1))
   logits, _, _ = score_fn(state, jnp.asarray(after), jnp.asarray(start + 3))
-  sequences = [list(prefix[b, :start[b]]) + [nodes[b, n] for n in layout['path_NxD'][7, :3]] + [after[b, 0]]
+  sequences = [list(prefix[b, :start[b]]) + [nodes[b, n] for n in layout.path_NxD[7, :3]] + [after[b, 0]]
                for b in range(B)]
   np.testing.assert_allclose(np.asarray(logits[:, 0]), _last_logits(model, params, src, sequences), atol=1e-4)
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'paths', 'max_len', 'chain'))
-def _real_decode(params, src, *, model, paths, max_len, chain=False):
-  """Greedy (paths None), the chain of blockwise (chain=True) or the tree, with the first tree_depth(paths) heads."""
-  k = 1 if paths is None else decoding.tree_depth(paths)
+@functools.partial(jax.jit, static_argnames=('model', 'tree', 'max_len'))
+def _real_decode(params, src, *, model, tree, max_len):
+  """Greedy (tree None), or blockwise over the tree (a Layout or a Dynamic) with its first tree.depth heads."""
+  k = 1 if tree is None else tree.depth
   init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
-  state = init_state(src, max_len + (1 if paths is None else len(paths)) + 1)
-  common = dict(batch_size=src.shape[0], max_len=max_len, bos_id=TOY_BOS, eos_id=TOY_EOS)
-  if paths is None:
-    return decoding.greedy(score_fn, state, **common)
-  if chain:
-    return decoding.blockwise(score_fn, propose_fn, state, k=k, **common)
-  return decoding.tree(score_fn, propose_fn, model_lib.move_cache, state, paths=paths, k=k, **common)
+  state = init_state(src, max_len + (1 if tree is None else tree.num_nodes) + 1)
+  fixed = decoding.Fixed(batch_size=src.shape[0], max_len=max_len, bos_id=TOY_BOS, eos_id=TOY_EOS)
+  if tree is None:
+    return decoding.greedy(score_fn, state, fixed=fixed)
+  return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache), state, fixed=fixed,
+                            tree=tree)
 
 
-@hypothesis.given(tree=st.sampled_from(TREES[:3] + (decoding.chain_tree(2),)), batch=st.sampled_from([1, 8]),
-                  max_len=st.sampled_from([6, 14]), seed=st.integers(0, 10_000))
+@hypothesis.given(tree=st.sampled_from(TREES[1:3] + (decoding.chain_tree(2), decoding.Dynamic(6, 4, beam=3, ranks=3))),
+                  batch=st.sampled_from([1, 8]), max_len=st.sampled_from([6, 14]), seed=st.integers(0, 10_000))
 @hypothesis.settings(max_examples=6, deadline=None, derandomize=True, database=None)
 def test_exact_tree_equals_greedy_on_the_real_model(toy_model, tree, batch, max_len, seed):
-  """Source lengths vary per row (3..8 words, then padding), so rows accept different paths; EOS and max_len
-  fall where the model puts them, inside paths too. The one-path trees must equal blockwise exactly."""
+  """Source lengths vary per row (3..8 words, then padding), so rows accept different paths (and build different
+  trees per row: Dynamic); EOS and max_len fall where the model puts them, inside paths too. Through the model's
+  per-row tree mask, positions and move_cache."""
   model, params, _ = toy_model
   src = jnp.asarray(toy_batch(np.random.RandomState(seed), batch)[0])
-  paths = decoding.check_tree(tree, 4)
-  greedy_tokens, greedy_length, _ = _real_decode(params, src, model=model, paths=None, max_len=max_len)
-  result = _real_decode(params, src, model=model, paths=paths, max_len=max_len)
+  if not isinstance(tree, decoding.Dynamic):
+    tree = decoding.layout(decoding.check_tree(tree, 4))
+  greedy_tokens, greedy_length, _ = _real_decode(params, src, model=model, tree=None, max_len=max_len)
+  result = _real_decode(params, src, model=model, tree=tree, max_len=max_len)
   np.testing.assert_array_equal(np.asarray(result.tokens_BxL), np.asarray(greedy_tokens))
   np.testing.assert_array_equal(np.asarray(result.length_B), np.asarray(greedy_length))
-  if paths == decoding.chain_tree(len(paths)):
-    _assert_same_result(result, _real_decode(params, src, model=model, paths=paths, max_len=max_len, chain=True))
 
 
 # -- choosing a tree (bpd/trees.py) and the sweep's tree specs -----------------------------------------------
@@ -326,7 +379,8 @@ def test_named_trees():
 
 @pytest.mark.parametrize('spec, message', [
     ('bogus', 'Unknown tree spec'), ('comb:x', 'a tree spec is'), ('dense:0', 'at least 1'), ('nodes:0', 'at least 1'),
-    ('nodes:8', 'experiments.choose_tree'), ('dense:20', 'more than 4096 nodes'),
+    ('nodes:8', 'experiments.choose_tree'), ('dense:20', 'more than 4096 nodes'), ('dynamic:0', 'at least 1'),
+    ('dynamic:5000', 'N must be between 1 and'),
 ])
 def test_bad_tree_specs_raise_clear_errors(spec, message, tmp_path):
   with pytest.raises(UserError, match=message):
@@ -336,7 +390,8 @@ def test_bad_tree_specs_raise_clear_errors(spec, message, tmp_path):
 def test_nodes_spec_reads_the_saved_agreement(tmp_path):
   agreement = np.array([[1.0, 0.0], [0.7, 0.2], [0.4, 0.3]])
   trees.write_trees(str(tmp_path), agreement, {'4': trees.sparse_tree(agreement, 4)}, {'split': 'val'})
-  assert trees.parse_tree_spec('nodes:4', 3, str(tmp_path)) == trees.sparse_tree(agreement, 4)
-  assert trees.parse_tree_spec('chain', 3, str(tmp_path)) is None
+  assert trees.parse_tree_spec('nodes:4', 3, str(tmp_path)).paths == trees.sparse_tree(agreement, 4)
+  assert trees.parse_tree_spec('chain', 3, str(tmp_path)).paths == decoding.chain_tree(3)
+  assert trees.parse_tree_spec('dynamic:16', 3, str(tmp_path)) == decoding.Dynamic(16, 3)
   with pytest.raises(UserError, match='agreement of 3 heads, the model has k=4'):
     trees.parse_tree_spec('nodes:4', 4, str(tmp_path))
