@@ -115,6 +115,15 @@ def _uses_markers(workdir: str) -> bool:
   return root.is_dir() and any((p / COMMIT_MARKER).exists() for p in root.iterdir() if p.name.isdigit())
 
 
+# Where TensorStore's OCDBT index (ts.ocdbt.dump) puts a b-tree node or a value: 'btreenode:BASE:FILE:OFFSET:LENGTH'
+# or 'value:BASE:FILE:OFFSET:LENGTH', FILE relative to the folder BASE of the item's folder.
+_LOCATION = re.compile(r'^(?:btreenode|value):([^:]*):(.+):(\d+):(\d+)$')
+
+
+class _UnknownIndex(Exception):
+  """An index location in a form _LOCATION does not describe."""
+
+
 def _ocdbt_problem(item_dir: str) -> str | None:
   """What is wrong with an item's array files, read from its OCDBT index alone (the manifest and the b-tree
   nodes, kilobytes): a file that is missing or shorter than the byte ranges the index says it holds. None if every
@@ -124,13 +133,16 @@ def _ocdbt_problem(item_dir: str) -> str | None:
       return f'{item_dir}/manifest.ocdbt is missing'
     return None
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  if not hasattr(getattr(ts, 'ocdbt', None), 'dump'):
+    return None
   needed = {}  # file (relative to item_dir) -> bytes it must hold
 
-  def need(location):  # 'btreenode:BASE:FILE:OFFSET:LENGTH' or 'value:BASE:FILE:OFFSET:LENGTH'
-    head, offset, length = location.rsplit(':', 2)
-    _, base, name = head.split(':', 2)
-    path = posixpath.join(base, name)
-    needed[path] = max(needed.get(path, 0), int(offset) + int(length))
+  def need(location):
+    match = _LOCATION.match(location)
+    if not match:
+      raise _UnknownIndex(location)
+    path = posixpath.join(match.group(1), match.group(2))
+    needed[path] = max(needed.get(path, 0), int(match.group(3)) + int(match.group(4)))
 
   def short_file():
     for path, end in sorted(needed.items()):
@@ -158,8 +170,10 @@ def _ocdbt_problem(item_dir: str) -> str | None:
           pending.append(entry['location'])
         elif isinstance(entry.get('indirect_value'), str):
           need(entry['indirect_value'])
-  except (ValueError, KeyError, TypeError) as e:  # TensorStore: the manifest or a node does not parse
+  except ValueError as e:  # TensorStore: the manifest or a node cannot be read
     return f'its index {item_dir}/manifest.ocdbt cannot be read ({_first_line(e)})'
+  except (_UnknownIndex, KeyError, TypeError, AttributeError):  # a layout this code does not know: the restore decides
+    return None
   return short_file()
 
 
