@@ -34,7 +34,7 @@ def distill(config, workdir: str) -> str:
   data = config.data.copy_and_resolve_references()
   data.distilled_from = ''
   mesh = sharding.make_mesh(config.model_axis_size)
-  model_config, params, step = checkpoint.load_params(workdir, mesh=mesh)
+  model_config, params, step = checkpoint.load_params(workdir, mesh=mesh, step=config.checkpoint_step)
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
   decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.distill.max_len, mesh)
   batch_size = sharding.decode_batch_size(config.distill.batch_size, mesh)

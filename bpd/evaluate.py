@@ -175,7 +175,7 @@ def _fields(record) -> str:
 def load_for_decoding(config, workdir: str, task, mesh=None):
   """The newest checkpoint in `workdir` ready to decode as the sweep decodes it: (model_config, params, step,
   tokenizer, decoder), the decoder at config.decode.max_len with the task's EOS (images: none)."""
-  model_config, params, step = checkpoint.load_params(workdir, mesh=mesh)
+  model_config, params, step = checkpoint.load_params(workdir, mesh=mesh, step=config.checkpoint_step)
   decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh,
                                 eos_id=task.eos_id)
   return model_config, params, step, task.tokenizer_for_decoding(workdir), decoder

@@ -11,6 +11,8 @@ import time
 
 import jax
 
+from bpd import files
+
 
 class Writer:
   """Scalars to TensorBoard event files (process 0 only)."""
@@ -30,8 +32,9 @@ class Writer:
     self._writer.flush()
     if '://' in self._jsonl:  # object stores (gs://) cannot append; TensorBoard has the scalars there
       return
-    with open(self._jsonl, 'a', encoding='utf-8') as f:  # appended: a resumed run continues the same file
-      f.write(json.dumps({'step': int(step), 'prefix': prefix, **{k: float(v) for k, v in values.items()}}) + '\n')
+    # Appended (a resumed run continues the same file), one whole line at a time (files.append_line).
+    files.append_line(self._jsonl, json.dumps({'step': int(step), 'prefix': prefix,
+                                               **{k: float(v) for k, v in values.items()}}))
 
   def close(self):
     if self._writer is not None:
@@ -49,14 +52,18 @@ def jsonl_path(workdir: str) -> str:
 
 def read_scalars(workdir: str, prefix: str) -> list[dict]:
   """The rows of {workdir}/metrics.jsonl with this prefix ('train' or 'eval'), by step; a step logged twice
-  (a run resumed from an earlier checkpoint) keeps its last row. workdir may also name a .jsonl file (jsonl_path)."""
+  (a run resumed from an earlier checkpoint) keeps its last row. workdir may also name a .jsonl file (jsonl_path).
+  A line cut short (a run killed while appending it) is skipped."""
   path = jsonl_path(workdir)
   if not os.path.exists(path):
     return []
   rows = {}
   with open(path, encoding='utf-8') as f:
     for line in f:
-      row = json.loads(line)
+      try:
+        row = json.loads(line)
+      except ValueError:
+        continue
       if row.pop('prefix') == prefix:
         rows[row['step']] = row
   return [rows[step] for step in sorted(rows)]

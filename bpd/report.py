@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use('Agg')  # files only; no display on TPU VMs or CI
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
+from bpd import files  # pylint: disable=g-import-not-at-top
+
 COLUMNS = [
     ('split', 'split', '{}'), ('batch_size', 'batch', '{}'), ('k', 'k', '{}'), ('criterion', 'criterion', '{}'),
     ('tree', 'tree', '{}'), ('quality', 'quality', '{:.2f}'),
@@ -83,14 +85,8 @@ def plot_acceptance_vs_steps(eval_rows, path, title=''):
 
 def write(records, out_dir: str, columns=COLUMNS) -> None:
   """results.json, results.md (`columns` of the table) and one plot per (split, batch size), atomically."""
-  def atomic(name, text):
-    tmp = os.path.join(out_dir, name + '.tmp')
-    with open(tmp, 'w') as f:
-      f.write(text)
-    os.replace(tmp, os.path.join(out_dir, name))
-
-  atomic('results.json', json.dumps(records, indent=1))
-  atomic('results.md', markdown_table(records, columns) + '\n')
+  files.write_atomic(os.path.join(out_dir, 'results.json'), json.dumps(records, indent=1))
+  files.write_atomic(os.path.join(out_dir, 'results.md'), markdown_table(records, columns) + '\n')
   groups = collections.defaultdict(list)
   for r in records:
     groups[(r['split'], r['batch_size'])].append(r)

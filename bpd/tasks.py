@@ -10,6 +10,7 @@ evaluators by config name).
 """
 
 import dataclasses
+import io
 import os
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ import numpy as np
 import sacrebleu
 
 from bpd import evaluate_images
+from bpd import files
 from bpd import report
 from bpd import sharding
 from bpd.data import batching
@@ -94,11 +96,7 @@ def write_lines(path, lines):
   """Writes one line per item, atomically; on process 0 only (the others hold the same lines)."""
   if jax.process_index() != 0:
     return
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    for line in lines:
-      f.write(line.replace('\n', ' ') + '\n')
-  os.replace(tmp, path)
+  files.write_atomic(path, ''.join(line.replace('\n', ' ') + '\n' for line in lines))
 
 
 def _text_tokenizer_for_training(config, workdir):
@@ -191,7 +189,9 @@ def _image_model_options(config) -> dict:
 
 def _save_images(path, images_Nx32x32x3):
   if jax.process_index() == 0:
-    np.save(path + '.npy', images_Nx32x32x3)
+    buffer = io.BytesIO()
+    np.save(buffer, images_Nx32x32x3)
+    files.write_atomic(path + '.npy', buffer.getvalue())
 
 
 SUPERRES = Task(

@@ -194,12 +194,13 @@ def fresh_params(model_config, seed: int) -> dict:
   return jax.jit(model_lib.init_params, static_argnums=0)(model_config, jax.random.PRNGKey(seed))
 
 
-def initial_params(model_config, regime: str, init_from: str, seed: int, mesh=None) -> dict:
-  """Fresh parameters (base), or the base model from init_from with new proposal heads (frozen, finetune)."""
+def initial_params(model_config, regime: str, init_from: str, seed: int, mesh=None, init_step: int = 0) -> dict:
+  """Fresh parameters (base), or the base model from init_from (its step init_step; 0: the newest) with new
+  proposal heads (frozen, finetune)."""
   fresh = fresh_params(model_config, seed)
   if regime == 'base':
     return fresh
-  _, base_params, step = checkpoint.load_params(init_from, 'config.train.init_from', mesh=mesh)
+  _, base_params, step = checkpoint.load_params(init_from, 'config.train.init_from', mesh=mesh, step=init_step)
   logging.info('Starting from the base model in %s (step %d) with %d new heads.', init_from, step,
                model_config.k - 1)
   base_params = {name: p for name, p in base_params.items() if name != 'multi_output'}
@@ -319,6 +320,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (resuming if the workdir has a checkpoint); returns the last evaluation metrics."""
   checks.check_train(config, workdir)
   tc = config.train
+  if config.checkpoint_step and tc.regime == 'base':
+    raise UserError(f'config.checkpoint_step={config.checkpoint_step} picks the step that decode and distill read, '
+                    'or that frozen/finetune training starts from (of config.train.init_from); a base run resumes '
+                    'from its own newest readable step. Leave it at 0.')
   mesh = sharding.make_mesh(config.model_axis_size)
   sharding.check_batch_size(tc.batch_size, mesh)
   logging.info('Mesh %s over %d process(es).', dict(mesh.shape), jax.process_count())
@@ -340,9 +345,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   batch_for_step, eval_batches, quick_eval = training_data(config, task, tokenizer, decoder)
 
   mngr = checkpoint.manager(workdir, tc.keep_checkpoints)
-  start_step = mngr.latest_step()
+  start_step = checkpoint.newest_intact_step(mngr, workdir)  # newer damaged steps: one warning each, set aside
   if start_step is None:
-    params = initial_params(model_config, tc.regime, tc.init_from, config.seed, mesh)
+    params = initial_params(model_config, tc.regime, tc.init_from, config.seed, mesh, config.checkpoint_step)
   else:  # only a template for the restore
     params = fresh_params(model_config, config.seed)
   optimizer = make_optimizer(tc.regime, params, tc.learning_rate, tc.warmup_steps,
@@ -351,8 +356,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   state_sharding = jax.tree.map(lambda x: x.sharding, state)
   if start_step is not None:  # restored into the same layout: the template's shardings
     try:
-      state = checkpoint.restore(mngr, state, start_step)
+      state, start_step = checkpoint.restore_newest_readable(mngr, workdir, state, start_step)
     except (ValueError, KeyError, TypeError) as e:  # orbax: the saved tree differs from this config's
+      if isinstance(e, UserError):
+        raise
       raise UserError(
           f'Cannot resume from step {start_step} in {mngr.directory}: the saved training state does not match this '
           f'config (optimizer settings such as config.train.regime or config.train.head_learning_rate, or the '

@@ -25,6 +25,7 @@ import os
 import numpy as np
 
 from bpd import decoding
+from bpd import files
 from bpd.errors import UserError
 
 TREES_FILE = 'trees.json'  # in the model's workdir: the measured agreement and the trees built from it
@@ -106,9 +107,7 @@ def write_trees(workdir: str, agreement_KxR, trees: dict, meta: dict) -> str:
   record = {**meta, 'agreement_KxR': np.asarray(agreement_KxR).tolist(),
             'trees': {name: [list(p) for p in paths] for name, paths in trees.items()},
             'expected_length': {name: expected_length(paths, agreement_KxR) for name, paths in trees.items()}}
-  with open(path + '.tmp', 'w') as f:
-    json.dump(record, f, indent=1)
-  os.replace(path + '.tmp', path)
+  files.write_atomic(path, json.dumps(record, indent=1))
   return path
 
 

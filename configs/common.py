@@ -6,6 +6,8 @@ field in a config file fails where it is written instead of adding a field nothi
 
 Fields (the command line reaches each as --config.FIELD=VALUE):
   seed                 one seed for initialization, data order and dropout.
+  checkpoint_step      the checkpoint step to read: --workdir's for decode and distill, config.train.init_from's for
+                       frozen/finetune training. 0 = the newest (training always resumes from its newest readable).
   k                    number of heads of the model (1 = plain Transformer; paper: 1..10).
   model_axis_size      mesh axis that shards the vocabulary and feed-forward weights (1: pure data parallel).
   model.size           tiny | small | base | big | image_tiny | image_small | image_medium
@@ -135,6 +137,7 @@ def parse_args(arg: str | None, accepted: dict[str, Arg], config_file: str) -> d
 def defaults() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  c.checkpoint_step = 0  # 0: the newest; else that step (e.g. when the newest cannot be read)
   c.k = 8
   c.model_axis_size = 1  # devices per model shard (bpd/sharding.py); the rest of the mesh is data parallel
 

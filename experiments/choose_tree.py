@@ -49,7 +49,7 @@ def choose(config, workdir: str, nodes: list[int], ranks: int, examples: int, ba
                     f'--batch_size={batch_size} >= 1.')
   if config.data.source == 'images':
     raise UserError('Tree decoding is implemented for translation only (config.data.source=images).')
-  model_config, params, step = checkpoint.load_params(workdir)
+  model_config, params, step = checkpoint.load_params(workdir, step=config.checkpoint_step)
   if model_config.k < 2:
     raise UserError(f'The model in {workdir} has k=1: no proposal heads to build a tree from.')
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))

@@ -15,10 +15,10 @@ or trains on a teacher's distilled corpus takes that workdir's tokenizer, so ids
 """
 
 import os
-import shutil
 
 from absl import logging
 
+from bpd import files
 from bpd.data import images
 from bpd.data import synthetic
 from bpd.data import text_files
@@ -112,9 +112,8 @@ def tokenizer_for(workdir: str, data_config, seed: int = 0, reuse_from: str = ''
       other_path = os.path.join(other, tokenizer_lib.MODEL_NAME) if other else ''
       if other_path and os.path.exists(other_path):
         logging.info('Using the tokenizer of %s', other)
-        tmp = path + '.tmp'
-        shutil.copyfile(other_path, tmp)
-        os.replace(tmp, path)
+        with open(other_path, 'rb') as f:
+          files.write_atomic(path, f.read())
         break
   if os.path.exists(path):
     return tokenizer_lib.load(path)
