@@ -61,7 +61,7 @@ def main(argv):
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   src_ids = task.decode_examples(config, _SPLIT.value or config.decode.splits[0], tokenizer)[0][:_EXAMPLES.value]
-  batches = [src for _, src in batching.eval_batches(src_ids, None, 1, (decoder_lib.source_bucket(src_ids),))]
+  batches = [src for _, src in batching.eval_batches(src_ids, None, 1, decoder_lib.source_buckets(src_ids))]
 
   def greedy(src_1xS):
     return int(jax.device_get(decoder.greedy(params, src_1xS)[1])[0])  # tokens = greedy steps
