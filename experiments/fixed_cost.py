@@ -56,13 +56,21 @@ if __name__ == '__main__':
   _K = flags.DEFINE_integer('k', 4, 'Heads of the blockwise decoder (random weights: the model has k heads).')
   _LENGTHS = flags.DEFINE_list('lengths', ['1', '9', '17', '33'], 'Output lengths L (tokens) the line is fit through.')
   _SRC_LEN = flags.DEFINE_integer('src_len', 14, 'Source tokens.')
-  _PAD_TO = flags.DEFINE_integer('pad_to', 0, 'Pad the source to this many positions (0: the next multiple of 8, '
-                                 "as run_batches pads a sentence; a split's longest source: as it padded before).")
+  _BEFORE_PAD_TO = flags.DEFINE_integer(
+      'before_pad_to', 0, "Also time every program with the source padded to this many positions and the batch put "
+      "on the mesh as a sharded array (how a sentence was decoded before: padded to the split's longest source), "
+      'alternating with the rest (0: off).')
+  _PERCENTILE = flags.DEFINE_float('percentile', 50, 'Percentile of each program\'s timed runs (50: the median; '
+                                   'lower on a loaded machine keeps the least disturbed runs).')
+  _AT = flags.DEFINE_list('at', ['14.92', '6.27'], 'Greedy tokens and blockwise iterations of a typical sentence '
+                          '(default: the Multi30k Both model at k = 4, docs/results/benchmark.md) for the share and '
+                          'speedup columns.')
   _REPEATS = flags.DEFINE_integer('repeats', 30, 'Alternating timed runs of every program (medians reported).')
   _MESH = flags.DEFINE_bool('mesh', True, 'Decode on a one-device mesh, as the decode sweep does.')
   _TRACE = flags.DEFINE_bool('trace', False, 'Also print the profiler timeline of whole calls.')
 
 NEVER = -1
+BEFORE = ' (before)'
 BATCHING_SENTENCES = 64  # run_batches' host work is timed over this many sentences and divided
 
 
@@ -85,31 +93,35 @@ def load_model(config, workdir, k, mesh):
   return model_lib.Transformer(model_config), params
 
 
-def programs(model, params, mesh, k, lengths, src_1xS):
-  """{name: fn() -> host result} for every part."""
+def programs(model, params, mesh, k, lengths, sources):
+  """{name: fn() -> host result} for every part; sources: {variant: src_1xS}, each decoded at every L."""
   longest = max(lengths)
   criterion = decoding.Criterion(min_block=k)
   out = {}
-  decoders = {}
-  for length in lengths:
-    decoders[length] = decoder_lib.Decoder(model, length, mesh, eos_id=NEVER)
+  decoders = {length: decoder_lib.Decoder(model, length, mesh, eos_id=NEVER) for length in lengths}
   base = decoders[longest]
   noop = jax.jit(lambda params, src_BxS: src_BxS[0, 0])
   put = base._put  # pylint: disable=protected-access
+  src_1xS = sources['']
   out['dispatch'] = lambda: jax.device_get(noop(params, put(src_1xS)))
+  if mesh is not None:  # how Decoder put the host batch on a mesh before (a sharded array built first)
+    out['dispatch, sharded batch'] = lambda: jax.device_get(noop(params, sharding.shard_global_batch(src_1xS, mesh)))
   cache = decoder_lib.cache_len(longest, k)
   init = jax.jit(lambda params, src_BxS: model_lib.decode_fns(model, params, num_heads=1)[0](src_BxS, cache))
-  out['encoder'] = lambda: jax.block_until_ready(init(params, put(src_1xS)))
-  for length, decoder in decoders.items():
-    out[f'greedy L={length}'] = lambda d=decoder: jax.device_get(d.greedy(params, src_1xS))
-    out[f'blockwise L={length}'] = lambda d=decoder: jax.device_get(d.blockwise(params, src_1xS, k, criterion))
+  for variant, src in sources.items():
+    out[f'encoder{variant}'] = lambda src=src: jax.block_until_ready(init(params, put(src)))
+  for variant, src in sources.items():
+    for length, decoder in decoders.items():
+      out[f'greedy L={length}{variant}'] = lambda d=decoder, s=src: jax.device_get(d.greedy(params, s))
+      out[f'blockwise L={length}{variant}'] = lambda d=decoder, s=src: jax.device_get(
+          d.blockwise(params, s, k, criterion))
   ready = {'greedy': jax.block_until_ready(base.greedy(params, src_1xS)),
            'blockwise': jax.block_until_ready(base.blockwise(params, src_1xS, k, criterion))}
   out['copy back greedy'] = lambda: jax.device_get(ready['greedy'])
   out['copy back blockwise'] = lambda: jax.device_get(ready['blockwise'])
   host = jax.device_get(ready['blockwise'])
-  sources = [np.asarray(src_1xS[0][src_1xS[0] > 0])] * BATCHING_SENTENCES
-  out['batching'] = lambda: decoder_lib.run_batches(lambda src: host, sources, 1)
+  sentences = [np.asarray(src_1xS[0][src_1xS[0] > 0])] * BATCHING_SENTENCES
+  out['batching'] = lambda: decoder_lib.run_batches(lambda src: host, sentences, 1)
   return out
 
 
@@ -153,6 +165,22 @@ def trace_timeline(fn, runs: int) -> dict:
   return {name: statistics.median(ns) / 1e6 for name, ns in phases.items()}
 
 
+def breakdown(ms, seconds, lengths, k, variant, dispatch):
+  """{decoder: (fixed ms, ms per step, {part: ms}, rest ms)} from the medians of one variant's programs."""
+  steps = {'greedy': lengths, 'blockwise': [math.ceil((n - 1) / k) for n in lengths]}
+  out = {}
+  for decoder in ('greedy', 'blockwise'):
+    fixed, per_step = fit(steps[decoder], [seconds[f'{decoder} L={n}{variant}'] for n in lengths])
+    fixed, per_step = 1e3 * fixed + ms[dispatch] - ms['dispatch'], 1e3 * per_step
+    at_one = ms[f'{decoder} L={lengths[0]}{variant}'] - per_step * steps[decoder][0]
+    copy = ms[f'copy back {decoder}']
+    parts = {'batching': ms['batching'] / BATCHING_SENTENCES, 'dispatch': ms[dispatch],
+             'encoder': ms[f'encoder{variant}'] - ms['dispatch'],
+             'first call': at_one - ms[f'encoder{variant}'] - copy, 'copy back': copy}
+    out[decoder] = (fixed, per_step, parts, fixed - sum(v for n, v in parts.items() if n != 'batching'))
+  return out
+
+
 def main(argv):
   del argv
   config, k = _CONFIG.value, _K.value
@@ -161,34 +189,41 @@ def main(argv):
   model, params = load_model(config, _WORKDIR.value, k, mesh)
   if not 1 < k <= model.config.k:
     raise errors.UserError(f'--k={k}: choose 2..{model.config.k} (the heads of the model).')
-  src_len = _PAD_TO.value or -(-_SRC_LEN.value // 8) * 8
-  src_1xS = np.zeros((1, src_len), np.int32)
-  src_1xS[0, :_SRC_LEN.value] = np.random.RandomState(0).randint(4, model.config.vocab_size, _SRC_LEN.value)
-  fns = programs(model, params, mesh, k, lengths, src_1xS)
+  tokens = np.random.RandomState(0).randint(4, model.config.vocab_size, _SRC_LEN.value)
+  padded = lambda width: np.pad(tokens, (0, width - len(tokens)))[None].astype(np.int32)
+  src_len = -(-_SRC_LEN.value // 8) * 8
+  sources = {'': padded(src_len)}
+  if _BEFORE_PAD_TO.value:
+    sources[BEFORE] = padded(_BEFORE_PAD_TO.value)
+  fns = programs(model, params, mesh, k, lengths, sources)
   names = list(fns)
-  seconds = dict(zip(names, timing.time_alternating([fns[n] for n in names], _REPEATS.value, 'fixed_cost')))
+  reduce = lambda t: float(np.percentile(t, _PERCENTILE.value))
+  seconds = dict(zip(names, timing.time_alternating([fns[n] for n in names], _REPEATS.value, 'fixed_cost', reduce)))
   ms = {name: 1e3 * s for name, s in seconds.items()}
   print(f'model {config.model.size if not _WORKDIR.value else _WORKDIR.value}: d={model.config.d_model}, '
         f'{model.config.num_encoder_layers}+{model.config.num_decoder_layers} layers, vocab {model.config.vocab_size}; '
-        f'batch 1, source {_SRC_LEN.value} tokens (padded to {src_len}), k = {k}, {_REPEATS.value} alternating runs, '
-        f'mesh={_MESH.value}')
-  print('| program | ms (median) |\n|---|---|')
+        f'batch 1, source {_SRC_LEN.value} tokens padded to {src_len}'
+        + (f' (before: {_BEFORE_PAD_TO.value})' if _BEFORE_PAD_TO.value else '') +
+        f', k = {k}, {_REPEATS.value} alternating runs, percentile {_PERCENTILE.value} of each, mesh={_MESH.value}')
+  print(f'| program | ms (percentile {_PERCENTILE.value}) |\n|---|---|')
   for name in names:
     print(f'| {name} | {ms[name] / (BATCHING_SENTENCES if name == "batching" else 1):.3f} |')
-  steps = {'greedy': lengths, 'blockwise': [math.ceil((n - 1) / k) for n in lengths]}
-  print('\n| decoder | fixed ms (intercept) | ms per step | batching | dispatch | encoder | first call | '
-        'copy back | rest of fixed |\n|---|---|---|---|---|---|---|---|---|')
-  for decoder in ('greedy', 'blockwise'):
-    fixed, per_step = fit(steps[decoder], [seconds[f'{decoder} L={n}'] for n in lengths])
-    fixed, per_step = 1e3 * fixed, 1e3 * per_step
-    at_one = ms[f'{decoder} L=1'] - per_step * steps[decoder][0]
-    first = at_one - ms['encoder']
-    copy = ms[f'copy back {decoder}']
-    parts = {'batching': ms['batching'] / BATCHING_SENTENCES, 'dispatch': ms['dispatch'], 'encoder': ms['encoder'] - ms['dispatch'],
-             'first call': first - copy, 'copy back': copy}
-    rest = fixed - sum(v for n, v in parts.items() if n != 'batching')
-    print(f'| {decoder} | {fixed:.3f} | {per_step:.3f} | ' + ' | '.join(f'{v:.3f}' for v in parts.values()) +
-          f' | {rest:.3f} |')
+  variants = {'after': ('', 'dispatch')}
+  if _BEFORE_PAD_TO.value:
+    variants = {'before': (BEFORE, 'dispatch, sharded batch' if mesh is not None else 'dispatch'), **variants}
+  greedy_steps, block_steps = (float(x) for x in _AT.value)
+  print('\n| code | decoder | fixed ms (intercept) | ms per step | batching | dispatch | encoder | first call | '
+        f'copy back | rest of fixed | ms at {greedy_steps:g} tokens / {block_steps:g} iterations | fixed share | '
+        'speedup |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|')
+  for label, (variant, dispatch) in variants.items():
+    rows = breakdown(ms, seconds, lengths, k, variant, dispatch)
+    total = {'greedy': rows['greedy'][0] + greedy_steps * rows['greedy'][1],
+             'blockwise': rows['blockwise'][0] + block_steps * rows['blockwise'][1]}
+    for decoder, (fixed, per_step, parts, rest) in rows.items():
+      speedup = total['greedy'] / total[decoder]
+      print(f'| {label} | {decoder} | {fixed:.3f} | {per_step:.3f} | ' +
+            ' | '.join(f'{v:.3f}' for v in parts.values()) +
+            f' | {rest:.3f} | {total[decoder]:.2f} | {fixed / total[decoder]:.0%} | {speedup:.2f}x |')
   if _TRACE.value:
     print('\nprofiler timeline of whole calls (ms, median of runs)')
     print('| program | python | before loop | loop | copy back |\n|---|---|---|---|---|')
