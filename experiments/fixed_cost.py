@@ -2,14 +2,15 @@ r"""A batch-1 sentence's fixed cost, broken down: dispatch, encoder, first call,
 
   python -m experiments.fixed_cost --config=configs/multi30k_ende.py --k=4              # random weights
   python -m experiments.fixed_cost --config=configs/demo.py:regime=finetune,k=4 --workdir=DIR --k=4
+  python -m experiments.fixed_cost --config=configs/multi30k_ende.py --k=4 --before_pad_to=48 --trace
 
 experiments/latency_fit.py fits a sentence's time as fixed + steps x per step on real sentences; this script splits
 the fixed part. Every program decodes one source row (batch 1) through bpd.decoder.Decoder exactly as the decode
 sweep calls it (a one-device mesh, the host batch put on it, the result copied back), with eos_id = -1 so that the
 number of steps is set, not drawn: greedy runs max_len = L tokens, blockwise (criterion min_block:k) the first call
 and ceil((L - 1) / k) iterations, for several L (each decoder's cache is sized for its L, decoder.cache_len: a few
-slots of attention more or less, which at these sizes is noise beside the weights a step reads). Parts, each a median over --repeats alternating runs (bpd/timing.py; a compile inside the timed runs
-raises):
+slots of attention more or less, which at these sizes is noise beside the weights a step reads). Parts, each the
+--percentile (default the median) of --repeats alternating runs (bpd/timing.py; a compile while timing raises):
 
   batching    run_batches' host work per sentence (eval_batches' padding, the row split), over 64 sentences with
               the decoder stubbed out (it returns a host copy of a result)
@@ -20,9 +21,18 @@ raises):
   copy back   jax.device_get of the finished result (already computed)
   fixed       the intercept of a least-squares line through (steps, seconds) over the L values; per step: its slope
 
---trace also records each program once per L under jax.profiler and prints the timeline of whole calls: Python
-until the executable starts, the kernels before its while loop, the loop, after it, and the copy back (thread time
-of the profiled run, which tracing slows a little; the timers above are what the table reports).
+--before_pad_to=N also times every decoding program with the source padded to N positions, alternating with the
+rest, and the dispatch with the batch put on the mesh as a sharded array: how a batch-1 sentence was decoded before
+run_batches padded each batch to its own bucket (decoder.source_buckets) and the one-device Decoder handed jit the
+host batch (N = the split's longest source rounded up to 8: 48 on the Multi30k test split, 40 on the demo's).
+The table then has a 'before' and an 'after' row per decoder; 'ms at' is fixed + steps x per step at --at (greedy
+tokens, blockwise iterations of a typical sentence), 'fixed share' the fixed cost's part of it, and 'speedup'
+greedy's time over each decoder's at those steps (random weights accept what min_block:k forces; --at says how
+many iterations a trained model needs).
+
+--trace also records each program under jax.profiler and prints the timeline of whole calls: Python until the
+executable's first kernel, the kernels before its while loop, the loop, and the copy back (a profiled run, which
+tracing slows a little; the timers above are what the tables report).
 
 The machine's load moves every number; the parts are measured alternating, so their ratios hold.
 """
