@@ -64,7 +64,8 @@ class SweepSettings:
 
 def _decode_setting(fn, src_ids, batch_size, bucket, what):
   """fn(src_BxS) over every example: (outputs in source order, seconds), after compiling and running once on
-  the first batch (at the split's bucket, so that the full decode reuses that shape)."""
+  the first batch (`bucket`: the split's source buckets, decoder.source_buckets; the full decode compiles the
+  others as it meets them)."""
   decoder_lib.run_batches(fn, src_ids[:batch_size], batch_size, bucket=bucket)
   return decoder_lib.run_batches(fn, src_ids, batch_size, what, bucket=bucket)
 
