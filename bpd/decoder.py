@@ -114,7 +114,12 @@ class Decoder:
         dataclasses.replace(self.model.config, k=k))
 
   def _put(self, src_BxS):
-    return jnp.asarray(src_BxS) if self.mesh is None else sharding.shard_global_batch(src_BxS, self.mesh)
+    # On one device the host array goes to the jitted call as it is: jit's own transfer of a numpy argument is
+    # cheaper than building a device array first (jnp.asarray dispatches a program of its own, and
+    # shard_global_batch a sharded array), a fixed cost of every call at batch 1 (experiments/fixed_cost.py).
+    if self.mesh is None or self.mesh.size == 1:
+      return np.asarray(src_BxS)
+    return sharding.shard_global_batch(src_BxS, self.mesh)
 
   def greedy(self, params, src_BxS):
     """Greedy decoding: one token per row per call."""
@@ -133,7 +138,7 @@ class Decoder:
   def sample(self, params, src_BxS, temperature: float, seed: int, top_k: int = 0, top_p: float = 1.0):
     """Ancestral sampling at `temperature`, truncated to top_k / top_p (see sampling_score_fn; 0 and 1: off). The
     same seed and batch give the same samples; a row's sample depends on the seed and on its place in the batch."""
-    return self._sample_jit(params, self._put(src_BxS), jnp.float32(temperature), jax.random.PRNGKey(seed),
+    return self._sample_jit(params, self._put(src_BxS), np.float32(temperature), jax.random.PRNGKey(seed),
                             top_k=top_k, top_p=top_p)
 
   def beam(self, params, src_BxS, beam_size, alpha):
@@ -205,14 +210,25 @@ def source_bucket(src_ids) -> int:
   return int(-(-longest // 8) * 8)
 
 
+def source_buckets(src_ids) -> tuple:
+  """The padded source lengths of a split's batches: every multiple of 8 up to source_bucket(src_ids); a batch is
+  padded to the shortest that fits it (batching.eval_batches). At batch 1 a sentence padded to the split's longest
+  source ran the encoder over up to 3x its positions (a Multi30k test sentence: median 16 tokens, longest 43), a
+  fixed cost of every sentence that greedy and blockwise both pay (experiments/fixed_cost.py); the price is a
+  compile per bucket and setting."""
+  return tuple(range(8, source_bucket(src_ids) + 1, 8))
+
+
 def run_batches(fn, src_ids, batch_size, what='', bucket=None):
   """Applies fn(src_BxS) -> pytree with leading B to every batch; returns (outputs in source order, seconds).
 
-  Every batch is padded to `bucket` source positions (default: source_bucket(src_ids)); pass the bucket of the
-  examples a function was compiled for to reuse that compiled shape. Padding rows of the last batch are
-  dropped. Logs progress with an ETA for long decodes.
+  Every batch is padded to `bucket` source positions, or with a tuple of lengths to the shortest of them that fits
+  it (default: source_buckets(src_ids), the batch's own longest source rounded up to a multiple of 8); pass the
+  bucket(s) of the examples a function was compiled for to reuse those compiled shapes. Padding rows of the last
+  batch are dropped. Logs progress with an ETA for long decodes.
   """
-  batches = batching.eval_batches(src_ids, None, batch_size, (bucket or source_bucket(src_ids),))
+  buckets = source_buckets(src_ids) if bucket is None else tuple(np.atleast_1d(bucket).tolist())
+  batches = batching.eval_batches(src_ids, None, batch_size, buckets)
   outputs = [None] * len(src_ids)
   progress = metrics.Progress(0, len(batches), what)
   start = last_report = time.perf_counter()
@@ -241,10 +257,11 @@ def setting_name(k: int, criterion, tree: str | None = None) -> str:
 def time_side_by_side(fns, src_ids, batch_size, repeats, bucket=None, what='timing'):
   """Median seconds of each fn(src_BxS) decoding the same examples, run alternately (bpd/timing.py).
 
-  Every batch is padded to `bucket` (default: source_bucket(src_ids)); each fn first runs once, untimed, over
-  exactly the timed batches, and a trace or compile inside the timed runs raises timing.RecompileError.
-  Alternating the functions and taking medians keeps a changing machine load out of their ratio.
+  Every batch is padded as run_batches pads it (`bucket`: a length or a tuple of lengths; default
+  source_buckets(src_ids)); each fn first runs once, untimed, over exactly the timed batches, and a trace or compile
+  inside the timed runs raises timing.RecompileError. Alternating the functions and taking medians keeps a
+  changing machine load out of their ratio.
   """
-  bucket = bucket or source_bucket(src_ids)
+  bucket = source_buckets(src_ids) if bucket is None else bucket
   runs = [lambda fn=fn: run_batches(fn, src_ids, batch_size, bucket=bucket)[0] for fn in fns]
   return [float(s) for s in timing.time_alternating(runs, repeats, what)]

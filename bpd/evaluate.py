@@ -63,7 +63,8 @@ class SweepSettings:
 
 def _decode_setting(fn, src_ids, batch_size, bucket, what):
   """fn(src_BxS) over every example: (outputs in source order, seconds), after compiling and running once on
-  the first batch (at the split's bucket, so that the full decode reuses that shape)."""
+  the first batch (`bucket`: the split's source buckets, decoder.source_buckets; the full decode compiles the
+  others as it meets them)."""
   decoder_lib.run_batches(fn, src_ids[:batch_size], batch_size, bucket=bucket)
   return decoder_lib.run_batches(fn, src_ids, batch_size, what, bucket=bucket)
 
@@ -79,14 +80,14 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
   (quality: BLEU or PSNR, plus its own fields), adds its baselines from data.inputs and writes one output file per
   setting. Quality and acceptance come from decoding every example. Speed comes from `time_side_by_side` on
   the first settings.timing_examples examples (0: all), settings.timing_repeats times each: greedy_seconds and
-  seconds of a record are medians measured next to each other, and speedup is their ratio. The timed batches are
-  padded to the whole split's source bucket, the shape that was compiled and warmed up for the full decode
-  (a subset's own, shorter bucket would compile inside the first timed run).
+  seconds of a record are medians measured next to each other, and speedup is their ratio. Every batch is padded to
+  the shortest of the split's source buckets that fits it (decoder.source_buckets); the timed batches are warmed
+  up untimed first (decoder.time_side_by_side).
   """
   split, src_ids, references, inputs = data.name, data.src_ids, data.references, data.inputs
   sweep, temperature, seed = settings.sweep, settings.temperature, settings.seed
   timing_examples, timing_repeats = settings.timing_examples, settings.timing_repeats
-  bucket = decoder_lib.source_bucket(src_ids)
+  bucket = decoder_lib.source_buckets(src_ids)
   timing_ids = src_ids[:timing_examples] if timing_examples else src_ids
   greedy_fn = lambda src: decoder.greedy(params, src)
   greedy_out, _ = _decode_setting(greedy_fn, src_ids, batch_size, bucket, f'{split} greedy b{batch_size}')

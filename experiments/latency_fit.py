@@ -25,6 +25,7 @@ from bpd import evaluate
 from bpd import metrics
 from bpd import sharding
 from bpd import tasks
+from bpd import timing
 from bpd.data import batching
 from bpd.errors import UserError
 
@@ -61,7 +62,7 @@ def main(argv):
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
   src_ids = task.decode_examples(config, _SPLIT.value or config.decode.splits[0], tokenizer)[0][:_EXAMPLES.value]
-  batches = [src for _, src in batching.eval_batches(src_ids, None, 1, (decoder_lib.source_bucket(src_ids),))]
+  batches = [src for _, src in batching.eval_batches(src_ids, None, 1, decoder_lib.source_buckets(src_ids))]
 
   def greedy(src_1xS):
     return int(jax.device_get(decoder.greedy(params, src_1xS).length_B)[0])  # tokens = greedy steps
@@ -70,15 +71,18 @@ def main(argv):
     result = decoder.blockwise(params, src_1xS, criterion, decoder_lib.chain(_K.value))
     return int(jax.device_get(result.iterations_B)[0])
 
-  for src in batches[:3]:  # compile and warm up
+  # Compile and warm up on every padded source length that is timed (run_batches pads each sentence to its own
+  # multiple of 8, decoder.source_buckets), then time with no compile allowed.
+  for src in list({src.shape[1]: src for src in batches}.values()) + batches[:3]:
     greedy(src), blockwise(src)
   rows = {'greedy': [], 'blockwise': []}
-  for _ in range(_REPEATS.value):
-    for src in batches:
-      for name, fn in (('greedy', greedy), ('blockwise', blockwise)):
-        start = time.perf_counter()
-        steps = fn(src)
-        rows[name].append((steps, time.perf_counter() - start))
+  with timing.no_compiles('latency_fit'):
+    for _ in range(_REPEATS.value):
+      for src in batches:
+        for name, fn in (('greedy', greedy), ('blockwise', blockwise)):
+          start = time.perf_counter()
+          steps = fn(src)
+          rows[name].append((steps, time.perf_counter() - start))
   print(f'{len(batches)} sentences x {_REPEATS.value} passes, batch 1, k = {_K.value}, {_CRITERION.value}')
   print('| decoder | ms per sentence | steps per sentence | fixed ms per sentence | ms per step |')
   print('|---|---|---|---|---|')

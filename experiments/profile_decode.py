@@ -15,6 +15,7 @@ same time on the two cores, so the shares are of the summed kernel time, not of 
 experiments/bench_decode.py measures).
 
   --markdown=FILE   also write the tables as markdown (docs/results keeps one).
+  --reduce=median   count each kernel's runs at its median duration (a loaded machine preempts some runs).
 """
 
 import collections
@@ -46,6 +47,8 @@ if __name__ == '__main__':
   _RUNS = flags.DEFINE_integer('runs', 5, 'Profiled runs of each loop (after one untimed warm-up).')
   _TOP = flags.DEFINE_integer('top', 12, 'Kernels listed per program.')
   _MARKDOWN = flags.DEFINE_string('markdown', None, 'Write the tables here too.')
+  _REDUCE = flags.DEFINE_enum('reduce', 'sum', ['sum', 'median'], "A kernel's time: the sum of its runs, or its "
+                              'median run times its runs (robust to preemptions on a loaded machine).')
 
 BOS, NEVER = 2, -1
 DTYPE_BYTES = {'f32': 4, 'bf16': 2, 'f16': 2, 's32': 4, 'u32': 4, 'pred': 1, 's8': 1, 'u8': 1, 's64': 8, 'f64': 8}
@@ -83,9 +86,12 @@ def hlo_instructions(hlo_text: str) -> dict:
           for name, kind, shape, operands, op in parsed}
 
 
-def profile(fn, runs: int, instructions: dict):
+def profile(fn, runs: int, instructions: dict, reduce: str = 'sum'):
   """Per-kernel {name: [thread ns summed over runs, runs of it]} of fn() under jax.profiler: the trace events named
-  after an instruction of the compiled program, but the `while` instruction's (it spans the whole loop)."""
+  after an instruction of the compiled program, but the `while` instruction's (it spans the whole loop).
+
+  reduce='median': each kernel's runs count at its median duration (ns = median x runs), so that a run stretched
+  by a preemption (a loaded, shared machine) does not weigh in; 'sum': the plain sum."""
   jax.block_until_ready(fn())
   directory = tempfile.mkdtemp(prefix='bpd_profile_')
   jax.profiler.start_trace(directory)
@@ -94,6 +100,7 @@ def profile(fn, runs: int, instructions: dict):
   jax.profiler.stop_trace()
   path = sorted(glob.glob(os.path.join(directory, '**', '*.xplane.pb'), recursive=True))[-1]
   kernels = collections.defaultdict(lambda: [0.0, 0])
+  durations = collections.defaultdict(list)
   for plane in jax.profiler.ProfileData.from_file(path).planes:
     if plane.name != '/host:CPU':
       continue
@@ -106,6 +113,10 @@ def profile(fn, runs: int, instructions: dict):
           continue
         kernels[event.name][0] += event.duration_ns
         kernels[event.name][1] += 1
+        durations[event.name].append(event.duration_ns)
+  if reduce == 'median':
+    for name, ns in durations.items():
+      kernels[name][0] = float(np.median(ns)) * len(ns)
   return kernels
 
 
@@ -166,7 +177,8 @@ def main(argv):
   cache_len = _MAX_LEN.value + max(k_values) + 1
   encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p)[0](s, cache_len))
   tables = [f'model {config.model.size}: d={c.d_model}, {c.num_decoder_layers} decoder layers, ff {c.d_ff}, '
-            f'vocab {c.vocab_size}, {c.dtype}; {_MAX_LEN.value} tokens per run, {_RUNS.value} profiled runs; '
+            f'vocab {c.vocab_size}, {c.dtype}; {_MAX_LEN.value} tokens per run, {_RUNS.value} profiled runs, '
+            f'kernel time {_REDUCE.value}; '
             f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}']
   rng = np.random.RandomState(0)
   for batch in [int(b) for b in _BATCH_SIZES.value]:
@@ -174,7 +186,7 @@ def main(argv):
     state = jax.block_until_ready(encode(params, src))
     for name, (jitted, args, kwargs, steps) in programs(model, params, state, k_values, _MAX_LEN.value).items():
       instructions = hlo_instructions(jitted.lower(*args, **kwargs).compile().as_text())
-      kernels = profile(lambda: jitted(*args, **kwargs), _RUNS.value, instructions)
+      kernels = profile(lambda: jitted(*args, **kwargs), _RUNS.value, instructions, _REDUCE.value)
       table = kernel_table(f'### {name}, batch {batch}', kernels, instructions, steps * _RUNS.value,
                            _TOP.value)
       print(table + '\n', flush=True)
