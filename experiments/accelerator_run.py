@@ -73,7 +73,7 @@ from experiments import bench_decode
 # Flags exist only when this file runs as a script: importing it (tests, another script) defines none.
 if __name__ == '__main__':
   _OUT = flags.DEFINE_string('out', None, 'Folder for accelerator_run.md / .json (and the in-script demo model).')
-  _SMOKE = flags.DEFINE_bool('smoke', False, 'The same code at tiny sizes on CPU, in about a minute (CI).')
+  _SMOKE = flags.DEFINE_bool('smoke', False, 'The same code at tiny sizes, for CPU (CI): about 100 s of one core.')
   _BUDGET = flags.DEFINE_float('budget_s', 420.0, 'No setting starts after this many seconds; the rest is skipped '
                                'and listed in the record.')
   _DEMO_WORKDIR = flags.DEFINE_string('demo_workdir', '', 'A trained k-head demo workdir (experiments/demo.py, '
@@ -221,29 +221,32 @@ def markdown(record: dict) -> str:
     lines.append(f"- **Demo model**: {record['demo']}")
   if record['skipped']:
     lines.append(f"- **Skipped (budget spent)**: {'; '.join(record['skipped'])}")
+  if record.get('failures'):
+    lines.append(f"- **Failed** (traceback in the log): {'; '.join(record['failures'])}")
   lines += ['', 'Definitions: experiments/accelerator_run.py. Random-weight heads propose tokens the model almost '
             'never accepts, so for `base` and `big` only the call price (one iteration in greedy steps; for '
             'speculative sampling in ancestral-sampling steps) means anything; tokens / iteration and the speedup '
-            'are given for the trained demo model only.']
+            'are given for the trained demo model only. "First pass s": the first decode of the examples, its '
+            'compile included.']
   for name, rows in record['models'].items():
     trained = rows and rows[0].get('trained')
     lines += ['', f'## {name}', '']
     if trained:
       lines += ['| decoder | batch | tokens / iteration | ms per batch | baseline ms per batch | speedup | '
-                'call price (per baseline step) | identical to greedy | calls per pass (baseline) |',
-                '|---' * 9 + '|']
+                'call price (per baseline step) | identical to greedy | calls per pass (baseline) | first pass s |',
+                '|---' * 10 + '|']
       for r in rows:
         lines.append(f"| {r['decoder']} | {r['batch_size']} | {_fmt(r['tokens_per_iteration'])} | "
                      f"{r['ms_per_batch']:.2f} | {_fmt(r['baseline_ms_per_batch'])} | "
                      f"{_fmt(r['speedup'], '.2f', 'x')} | {_fmt(r['call_price'])} | {_fmt(r['identical'], '.3f')} | "
-                     f"{r['calls']} ({_fmt(r['baseline_calls'], 'd')}) |")
+                     f"{r['calls']} ({_fmt(r['baseline_calls'], 'd')}) | {r['first_pass_s']:.1f} |")
     else:
       lines += ['| decoder | batch | ms per batch | baseline ms per batch | calls per pass (baseline) | '
-                'call price (per baseline step) | identical to greedy |', '|---' * 7 + '|']
+                'call price (per baseline step) | identical to greedy | first pass s |', '|---' * 8 + '|']
       for r in rows:
         lines.append(f"| {r['decoder']} | {r['batch_size']} | {r['ms_per_batch']:.2f} | "
                      f"{_fmt(r['baseline_ms_per_batch'])} | {r['calls']} ({_fmt(r['baseline_calls'], 'd')}) | "
-                     f"{_fmt(r['call_price'])} | {_fmt(r['identical'], '.3f')} |")
+                     f"{_fmt(r['call_price'])} | {_fmt(r['identical'], '.3f')} | {r['first_pass_s']:.1f} |")
   if record.get('accounting'):
     lines += ['', '## A chain iteration against a greedy step, accounted (experiments/bench_decode.py)', '']
     for size, table in record['accounting'].items():
@@ -376,7 +379,7 @@ def _blockwise_calls(result):
   return result.invocations
 
 
-def settings(plan: Plan, model_k: int, tree_spec: str, tree_paths):
+def settings(plan: Plan, tree_spec: str, tree_paths):
   """(name, kind, k, paths) of every decoder after greedy; those needing more heads than the model has are left
   out by the caller."""
   out = [(f'chain k = {k}, exact', 'chain', k, None) for k in plan.chain_ks]
@@ -387,10 +390,22 @@ def settings(plan: Plan, model_k: int, tree_spec: str, tree_paths):
   return out
 
 
-def measure(model_name, decoder, params, model_k, src_ids, batch_size, plan, tree_spec, tree_paths, budget, trained):
-  """Rows for every decoder on src_ids at batch_size: greedy, then each setting side by side with its baseline."""
+def _decoder_fn(decoder, params, kind: str, k: int, paths):
+  """src_BxS -> a decoding.BlockwiseResult of one setting (settings())."""
+  if kind == 'chain':
+    return lambda src: decoder.blockwise(params, src, k=k, criterion=decoding.Criterion())
+  if kind == 'tree':
+    return lambda src: decoder.tree(params, src, paths=paths, criterion=decoding.Criterion())
+  return lambda src: decoder.speculative(params, src, k=k, temperature=TEMPERATURE, seed=SEED)
+
+
+def measure(model_name, decoder, params, model_k, src_ids, batch_size, plan, tree_spec, tree_paths, budget, trained,
+            failures):
+  """Rows for every decoder on src_ids at batch_size: greedy, then each setting side by side with its baseline.
+  A setting that fails (a device error, a compile inside the timed runs) is noted in `failures`; the rest run."""
   bucket = decoder_lib.source_bucket(src_ids)
   batches = -(-len(src_ids) // batch_size)
+  what = f'{model_name} batch {batch_size}'
   greedy_fn = lambda src: decoder.greedy(params, src)
   sample_fn = lambda src: decoder.sample(params, src, TEMPERATURE, SEED)
 
@@ -401,54 +416,57 @@ def measure(model_name, decoder, params, model_k, src_ids, batch_size, plan, tre
     out, seconds = decoder_lib.run_batches(_counted(fn, calls, steps_of), src_ids, batch_size, bucket=bucket)
     return out, seconds, int(sum(int(c) for c in calls))
 
-  what = f'{model_name} batch {batch_size}'
   if not budget.allows(f'{what}: every decoder'):
     return []
-  greedy_out, first_s, g_calls = one_pass(greedy_fn, _greedy_calls)
+  greedy_out, first_s, greedy_calls = one_pass(greedy_fn, _greedy_calls)
   greedy_tokens = [np.asarray(o[0]) for o in greedy_out]
   g_seconds, = decoder_lib.time_side_by_side([greedy_fn], src_ids, batch_size, plan.repeats, bucket, f'{what} greedy')
   base = {'model': model_name, 'batch_size': batch_size, 'examples': len(src_ids), 'batches': batches,
           'trained': trained}
-  rows = [{**base, 'decoder': 'greedy', 'k': 1, 'tokens_per_iteration': 1.0, 'ms_per_batch': 1e3 * g_seconds / batches,
-           'baseline_ms_per_batch': None, 'speedup': None, 'call_price': None, 'identical': 1.0, 'calls': g_calls,
-           'baseline_calls': None, 'first_pass_s': first_s}]
-  say(budget, f'{what} greedy: {rows[0]["ms_per_batch"]:.2f} ms per batch, {g_calls} calls per pass')
-  baseline_sampling = None
-  for name, kind, k, paths in settings(plan, model_k, tree_spec, tree_paths):
-    if k > model_k:
-      budget.skipped.append(f'{what} {name}: the model has {model_k} heads')
-      continue
-    if not budget.allows(f'{what} {name}'):
-      continue
-    if kind == 'chain':
-      fn = lambda src, k=k: decoder.blockwise(params, src, k=k, criterion=decoding.Criterion())
-    elif kind == 'tree':
-      fn = lambda src, paths=paths: decoder.tree(params, src, paths=paths, criterion=decoding.Criterion())
-    else:
-      fn = lambda src, k=k: decoder.speculative(params, src, k=k, temperature=TEMPERATURE, seed=SEED)
-    out, first_s, n_calls = one_pass(fn, _blockwise_calls)
+  rows = [{**base, 'decoder': 'greedy', 'kind': 'greedy', 'k': 1, 'tokens_per_iteration': 1.0,
+           'ms_per_batch': 1e3 * g_seconds / batches, 'baseline_ms_per_batch': None, 'speedup': None,
+           'call_price': None, 'identical': 1.0, 'calls': greedy_calls, 'baseline_calls': None,
+           'first_pass_s': first_s}]
+  say(budget, f'{what} greedy: {rows[0]["ms_per_batch"]:.2f} ms per batch, {greedy_calls} calls per pass')
+  sampling_calls = []  # ancestral sampling's calls per pass, counted once (speculative sampling's baseline)
+
+  def one_setting(name, kind, k, paths):
+    fn = _decoder_fn(decoder, params, kind, k, paths)
+    out, first_s, calls = one_pass(fn, _blockwise_calls)
     if kind == 'speculative':
-      if baseline_sampling is None:
-        _, _, baseline_sampling = one_pass(sample_fn, _greedy_calls)
-      baseline_fn, b_calls, baseline = sample_fn, baseline_sampling, 'ancestral sampling'
+      if not sampling_calls:
+        sampling_calls.append(one_pass(sample_fn, _greedy_calls)[2])
+      baseline_fn, baseline_calls, baseline = sample_fn, sampling_calls[0], 'ancestral sampling'
     else:
-      baseline_fn, b_calls, baseline = greedy_fn, g_calls, 'greedy'
+      baseline_fn, baseline_calls, baseline = greedy_fn, greedy_calls, 'greedy'
     b_seconds, seconds = decoder_lib.time_side_by_side([baseline_fn, fn], src_ids, batch_size, plan.repeats, bucket,
                                                        f'{what} {name}')
-    tokens = sum(int(o.length_B) for o in out)
-    iterations = sum(int(o.iterations_B) for o in out)
+    block = sum(int(o.length_B) for o in out) / max(sum(int(o.iterations_B) for o in out), 1)
     identical = None if kind == 'speculative' else float(np.mean(
         [np.array_equal(np.asarray(o.tokens_BxL), g) for o, g in zip(out, greedy_tokens)]))
-    row = {**base, 'decoder': name, 'kind': kind, 'k': k, 'tree_nodes': len(paths) if paths else k,
-           'baseline': baseline, 'tokens_per_iteration': tokens / max(iterations, 1),
-           'ms_per_batch': 1e3 * seconds / batches, 'baseline_ms_per_batch': 1e3 * b_seconds / batches,
-           'speedup': b_seconds / seconds, 'call_price': (seconds / n_calls) / (b_seconds / b_calls),
-           'identical': identical, 'calls': n_calls, 'baseline_calls': b_calls, 'first_pass_s': first_s}
-    if not trained:  # random weights: acceptance and speedup describe nothing (module docstring)
-      row.update(tokens_per_iteration=None, speedup=None)
-    rows.append(row)
-    say(budget, f"{what} {name}: {row['ms_per_batch']:.2f} ms per batch ({baseline} {row['baseline_ms_per_batch']:.2f}),"
-                f" call price {row['call_price']:.2f}, tokens / iteration {tokens / max(iterations, 1):.2f}")
+    say(budget, f'{what} {name}: {1e3 * seconds / batches:.2f} ms per batch ({baseline} '
+                f'{1e3 * b_seconds / batches:.2f}), call price {(seconds / calls) / (b_seconds / baseline_calls):.2f}, '
+                f'tokens / iteration {block:.2f}')
+    # Random weights: acceptance and speedup describe nothing (module docstring); the JSON keeps the measured block.
+    return {**base, 'decoder': name, 'kind': kind, 'k': k, 'tree_nodes': len(paths) if paths else k,
+            'baseline': baseline, 'tokens_per_iteration': block if trained else None, 'measured_block': block,
+            'ms_per_batch': 1e3 * seconds / batches, 'baseline_ms_per_batch': 1e3 * b_seconds / batches,
+            'speedup': b_seconds / seconds if trained else None,
+            'call_price': (seconds / calls) / (b_seconds / baseline_calls), 'identical': identical, 'calls': calls,
+            'baseline_calls': baseline_calls, 'first_pass_s': first_s}
+
+  for name, kind, k, paths in settings(plan, tree_spec, tree_paths):
+    if k > model_k:
+      budget.skipped.append(f'{what} {name}: the model has {model_k} heads')
+    elif budget.allows(f'{what} {name}'):
+      try:
+        rows.append(one_setting(name, kind, k, paths))
+      except (RuntimeError, ValueError, TypeError, MemoryError) as e:  # noted in the record; the rest still run
+        if isinstance(e, UserError):
+          raise
+        logging.exception('%s %s failed', what, name)
+        failures.append(f'{what} {name}: {type(e).__name__}: {str(e)[:300]}')
+        say(budget, f'{what} {name} FAILED: {failures[-1]}')
   return rows
 
 
@@ -485,7 +503,7 @@ def run(out: str, plan: Plan, budget_s: float, command: str, smoke: bool = False
   check(plan, budget_s, demo_workdir)
   budget = Budget(budget_s)
   record = {'command': command, 'smoke': smoke, 'budget_s': budget_s, 'elapsed_s': 0.0, 'environment':
-            environment(commit), 'plan': dataclasses.asdict(plan), 'models': {}, 'skipped': budget.skipped}
+            environment(commit), 'plan': dataclasses.asdict(plan), 'models': {}, 'skipped': budget.skipped, 'failures': []}
   say(budget, f"device {record['environment']['device_kind']}; writing {os.path.join(out, RECORD)}.md")
 
   def save(status=''):
@@ -512,7 +530,7 @@ def run(out: str, plan: Plan, budget_s: float, command: str, smoke: bool = False
         n = plan.demo_batch1_examples if batch_size == 1 else plan.demo_examples
         record['models'].setdefault('demo', []).extend(
             measure('demo', decoder, params, model_config.k, test_ids[:n], batch_size, plan, tree_spec, tree_paths,
-                    budget, trained=True))
+                    budget, True, record['failures']))
         save('running')
     models = {}
     rng = np.random.RandomState(SEED)
@@ -521,28 +539,34 @@ def run(out: str, plan: Plan, budget_s: float, command: str, smoke: bool = False
         if size not in models:
           if not budget.allows(f'{size}: every batch size from {batch_size}'):
             continue
-          models[size] = random_model(size, plan)
-        model, params = models[size]
-        decoder = decoder_lib.Decoder(model, plan.random_max_len, eos_id=NO_EOS)
+          model, params = random_model(size, plan)
+          models[size] = model, params, decoder_lib.Decoder(model, plan.random_max_len, eos_id=NO_EOS)
+        model, params, decoder = models[size]
         n = plan.batch1_random_examples if batch_size == 1 else batch_size
         src_ids = list(rng.randint(4, plan.vocab_size, size=(n, plan.src_len)).astype(np.int32))
         name = f'{size} (random weights, vocabulary {plan.vocab_size})'
         record['models'].setdefault(name, []).extend(
             measure(name, decoder, params, model.config.k, src_ids, batch_size, plan, tree_spec, tree_paths, budget,
-                    trained=False))
+                    False, record['failures']))
         save('running')
     if models and budget.allows('bench_decode accounting', ACCOUNTING_S):
       peaks = bench_decode.machine_peaks(**plan.peaks)
       record['accounting'] = {}
-      for size, (model, params) in models.items():
+      for size, (model, params, _) in models.items():
         if not budget.allows(f'bench_decode accounting of {size}', ACCOUNTING_S):
           continue
-        rows = bench_decode.bench(model, params, list(plan.chain_ks), [1], plan.random_max_len, plan.src_len,
-                                  plan.repeats, peaks=peaks)
+        try:
+          rows = bench_decode.bench(model, params, list(plan.chain_ks), [1], plan.random_max_len, plan.src_len,
+                                    plan.repeats, peaks=peaks)
+        except (RuntimeError, ValueError, TypeError, MemoryError) as e:  # noted; the record is still written
+          logging.exception('accounting of %s failed', size)
+          record['failures'].append(f'bench_decode accounting of {size}: {type(e).__name__}: {str(e)[:300]}')
+          continue
         record['accounting'][size] = bench_decode.format_table(rows)
         record.setdefault('accounting_rows', {})[size] = rows
         save('running')
-  save('done' if not budget.skipped else 'done, with skipped settings (listed above)')
+  save('done' + (', with skipped settings (listed above)' if budget.skipped else '')
+       + (', with failed settings (listed above)' if record['failures'] else ''))
   say(budget, f'done: {os.path.join(out, RECORD)}.md')
   return record
 
