@@ -5,12 +5,13 @@ r"""An accelerator run, ready before the accelerator is: every decoder at batch 
 
 Models (float32 parameters and activations; every matmul at jax.default_matmul_precision('highest'), as
 config.decode.matmul_precision='highest' sets for the sweep, so that `exact` rows can match greedy on GPUs):
-  demo       the demo's `mini` model with --demo_k heads: its base trained, then the heads fine-tuned, in-script
+  demo       the demo's `mini` model with k = 8 heads: its base trained, then the heads fine-tuned, in-script
              (configs/demo.py through bpd.train.train_and_evaluate, each stage stopped at its share of
              --demo_train_s through the preemption path), or loaded from --demo_workdir (a k-head workdir).
              Decoded on the synthetic test split; EOS ends a row.
   base, big  random weights (bpd.model SIZES), vocabulary --vocab (default 32000, WMT14's; Multi30k's is 4k),
-             k = 8 heads, random sources of --src_len tokens, no EOS (every row decodes --max_len tokens).
+             k = 8 heads, random sources of 24 tokens, no EOS (every row decodes 64 tokens).
+(Plan below holds every size and count; --smoke swaps it for SMOKE.)
 Decoders: greedy; the paper's chain at k = 4 and 8 (exact); the tree --tree (exact; 'nodes:N': the sparse tree of N
 nodes built from the demo's measured top-r agreement on its val split, as experiments/choose_tree.py builds it, or
 read from --demo_workdir's trees.json; the random models decode the same topology); speculative sampling
@@ -26,9 +27,9 @@ The baseline is greedy, and ancestral sampling at the same temperature for specu
                        whole batch (a batch runs until its slowest row is done): the price of one blockwise
                        iteration in greedy steps. Per-sentence costs (encoder, dispatch) are spread over the calls.
   identical            the fraction of examples whose output equals greedy's token for token (exact criteria).
-Random-weight heads propose tokens the scoring model almost never accepts, so on `base` and `big` the block size
-and speedup say nothing about a trained model: their tables give the call price only, which the weights do not
-change. The demo's tables give all of it. Afterwards, if time is left, bench_decode's accounting of a chain
+What random-weight heads get accepted is an accident of the initialisation (about 1 token per iteration; all k when
+a tiny random model repeats one token), so on `base` and `big` the block size and speedup say nothing about a
+trained model: their tables give the call price only, which the weights do not change (fixed shapes). The demo's tables give all of it. Afterwards, if time is left, bench_decode's accounting of a chain
 iteration against a greedy step (min_block:k, so every iteration is a full one; FLOPs, bytes, achieved bandwidth
 against this device's measured peaks) for each random model at batch 1 (experiments/bench_decode.py, `bench`).
 
@@ -173,7 +174,8 @@ def environment(commit: str = '') -> dict:
     smi = subprocess.run(['nvidia-smi', '--query-gpu=name,driver_version,memory.total', '--format=csv,noheader'],
                          capture_output=True, text=True, timeout=20, check=True).stdout.strip()
     cuda = subprocess.run(['nvidia-smi'], capture_output=True, text=True, timeout=20, check=True).stdout
-    cuda = next((line.split('CUDA Version:')[1].strip(' |') for line in cuda.splitlines() if 'CUDA Version' in line), '')
+    cuda = next((line.split('CUDA Version:')[1].strip(' |') for line in cuda.splitlines()
+                 if 'CUDA Version' in line), '')
   except (OSError, subprocess.SubprocessError):
     smi, cuda = '', ''
   if not commit:
@@ -223,8 +225,8 @@ def markdown(record: dict) -> str:
     lines.append(f"- **Skipped (budget spent)**: {'; '.join(record['skipped'])}")
   if record.get('failures'):
     lines.append(f"- **Failed** (traceback in the log): {'; '.join(record['failures'])}")
-  lines += ['', 'Definitions: experiments/accelerator_run.py. Random-weight heads propose tokens the model almost '
-            'never accepts, so for `base` and `big` only the call price (one iteration in greedy steps; for '
+  lines += ['', 'Definitions: experiments/accelerator_run.py. What random-weight heads get accepted is an accident '
+            'of the initialisation, so for `base` and `big` only the call price (one iteration in greedy steps; for '
             'speculative sampling in ancestral-sampling steps) means anything; tokens / iteration and the speedup '
             'are given for the trained demo model only. "First pass s": the first decode of the examples, its '
             'compile included.']
@@ -270,7 +272,7 @@ class _TimeLimit:
   set-up before the loop) the signal is held and sent again a second later, so it always stops the loop."""
 
   def __init__(self, seconds: float):
-    self.seconds, self.timers, self.fired = seconds, [], False
+    self.seconds, self.timers = seconds, []
 
   def _arm(self, seconds):
     timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGTERM))
@@ -280,7 +282,6 @@ class _TimeLimit:
 
   def _held(self, signum, frame):
     del signum, frame
-    self.fired = True
     self._arm(1.0)
 
   def __enter__(self):
@@ -329,8 +330,8 @@ def train_demo(plan: Plan, workdir: str, budget: Budget) -> tuple[str, str]:
                      f'{heads.train.num_steps} steps ({heads_dir})')
 
 
-def load_demo(workdir: str, plan: Plan):
-  """(config, params, decoder, model_config) of a k-head demo workdir, and its test and val sources."""
+def load_demo(workdir: str):
+  """(model_config, params, decoder, step, test sources, val sources) of a k-head demo workdir."""
   model_config = checkpoint.read_model_config(workdir, '--demo_workdir')
   if model_config.k < 2:
     raise UserError(f'--demo_workdir={workdir} holds a model with k=1: give a k-head model (runs/demo/k4).')
@@ -502,8 +503,9 @@ def run(out: str, plan: Plan, budget_s: float, command: str, smoke: bool = False
   """The whole run; returns the record it wrote to out/accelerator_run.{md,json}."""
   check(plan, budget_s, demo_workdir)
   budget = Budget(budget_s)
-  record = {'command': command, 'smoke': smoke, 'budget_s': budget_s, 'elapsed_s': 0.0, 'environment':
-            environment(commit), 'plan': dataclasses.asdict(plan), 'models': {}, 'skipped': budget.skipped, 'failures': []}
+  record = {'command': command, 'smoke': smoke, 'budget_s': budget_s, 'elapsed_s': 0.0,
+            'environment': environment(commit), 'plan': dataclasses.asdict(plan), 'models': {},
+            'skipped': budget.skipped, 'failures': []}
   say(budget, f"device {record['environment']['device_kind']}; writing {os.path.join(out, RECORD)}.md")
 
   def save(status=''):
@@ -518,7 +520,7 @@ def run(out: str, plan: Plan, budget_s: float, command: str, smoke: bool = False
         demo_workdir, record['demo'] = train_demo(plan, demo_train_dir or os.path.join(out, 'demo_model'), budget)
       else:
         record['demo'] = f'loaded from {demo_workdir}'
-      demo = load_demo(demo_workdir, plan)
+      demo = load_demo(demo_workdir)
       record['demo'] += f' (step {demo[3]}, k = {demo[0].k})'
       save('running')
     tree_spec, tree_paths = choose_tree(plan, demo, demo_workdir)
@@ -579,7 +581,8 @@ def main(argv):
   try:
     batch_sizes = tuple(int(b) for b in _BATCH_SIZES.value)
   except ValueError:
-    raise UserError(f'--batch_sizes={",".join(_BATCH_SIZES.value)}: give integers, e.g. --batch_sizes=1,8,32.') from None
+    raise UserError(f'--batch_sizes={",".join(_BATCH_SIZES.value)}: give integers, e.g. '
+                    '--batch_sizes=1,8,32.') from None
   plan = SMOKE if _SMOKE.value else dataclasses.replace(
       FULL, sizes=tuple(_SIZES.value), vocab_size=_VOCAB.value, tree=_TREE.value, repeats=_REPEATS.value,
       demo_train_s=_DEMO_TRAIN_S.value, batch_sizes=batch_sizes)
