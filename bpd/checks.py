@@ -146,8 +146,9 @@ def check_decode(config, workdir: str, model_k: int) -> list[tuple[int, decoding
     raise UserError(f'config.decode.sample_top_k={dc.sample_top_k} / sample_top_p={dc.sample_top_p} truncate '
                     'sampling, but config.decode.temperature is 0 (no sampling): set '
                     '--config.decode.temperature=T > 0 or leave them at 0 / 1.')
-  if speculative.CRITERION in criteria and temperature <= 0:
-    raise UserError(f'config.decode.criteria contains {speculative.CRITERION!r}, which samples at '
+  sampling = [c for c in criteria if isinstance(c, str) and c in speculative.CRITERIA]
+  if sampling and temperature <= 0:
+    raise UserError(f'config.decode.criteria contains {sampling[0]!r}, which samples at '
                     'config.decode.temperature, but the temperature is 0: set --config.decode.temperature=T > 0 '
                     '(1: the model\'s own distribution) or drop the criterion.')
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
@@ -184,7 +185,12 @@ def check_trees(config, workdir: str, model_k: int,
     zero_path_D = None if paths is None else decoding.tree_layout(paths)['zero_path_D']
     for spec_c in config.decode.criteria:
       criterion = speculative.parse_decode_criterion(spec_c, k=model_k)
-      if criterion == speculative.CRITERION:
+      if criterion in speculative.CRITERIA:
+        if (criterion == speculative.BLOCK_CRITERION and paths is not None
+            and len(paths) != decoding.tree_depth(paths)):
+          raise UserError(f'config.decode.trees={specs} with the criterion {criterion!r}: block verification '
+                          f'verifies a chain, and {spec!r} is a tree. Use {speculative.CRITERION!r} for trees, or '
+                          'config.decode.trees=("chain",).')
         if paths is not None and [p for p in paths if len(p) == 1] != [(0,)]:
           logging.info('Tree %s has several roots; speculative sampling needs the single root (0,): left out.', spec)
           continue

@@ -64,8 +64,8 @@ class Decoder:
     self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
     self._sample_jit = jax.jit(self._sample, static_argnames=('top_k', 'top_p'), out_shardings=out)
     self._tree_jit = jax.jit(self._tree, static_argnames=('paths', 'criterion'), out_shardings=out)
-    self._speculative_jit = jax.jit(self._speculative, static_argnames=('k', 'paths', 'top_k', 'top_p'),
-                                    out_shardings=out)
+    self._speculative_jit = jax.jit(self._speculative, static_argnames=('k', 'paths', 'top_k', 'top_p',
+                                                                        'criterion'), out_shardings=out)
     self._first_heads_jit = jax.jit(lambda params, k: model_lib.first_heads(self.model, params, k)[1],
                                     static_argnames='k')
     self._heads_cache = {}  # k -> (the params it was cut from, their first k heads)
@@ -111,16 +111,18 @@ class Decoder:
                           criterion=criterion)
 
   def speculative(self, params, src_BxS, k: int, temperature: float, seed: int, paths=None, top_k: int = 0,
-                  top_p: float = 1.0):
+                  top_p: float = 1.0, criterion=None):
     """A decoding.BlockwiseResult of lossless speculative sampling at `temperature` (bpd/speculative.py): the
     samples follow softmax(head 1 / temperature) exactly, as `sample`'s do, with k heads drafting (paths: a tree
     with the single root (0,), speculative.check_sampling_tree; None: the chain of k). Compiled once per
     (batch shape, k, paths); temperature and seed are traced. Row b draws from fold_in(PRNGKey(seed), b): the
     same seed and batch give the same samples, and a row's samples do not depend on the other rows. top_k, top_p:
-    the truncation `sample` takes, applied alike (speculative.sampling_logits)."""
+    the truncation `sample` takes, applied alike (speculative.sampling_logits). criterion: None / 'speculative'
+    (token-by-token verification) or 'speculative:block' (block verification, chains only)."""
     depth = k if paths is None else decoding.tree_depth(paths)
     return self._speculative_jit(self._heads(params, depth), self._put(src_BxS), jnp.float32(temperature),
-                                 jax.random.PRNGKey(seed), k=k, paths=paths, top_k=top_k, top_p=top_p)
+                                 jax.random.PRNGKey(seed), k=k, paths=paths, top_k=top_k, top_p=top_p,
+                                 criterion=criterion)
 
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""
@@ -161,14 +163,15 @@ class Decoder:
                          paths=paths, k=k, max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id,
                          criterion=criterion)
 
-  def _speculative(self, params, src_BxS, temperature, key, k, paths, top_k, top_p):
+  def _speculative(self, params, src_BxS, temperature, key, k, paths, top_k, top_p, criterion):
     depth = k if paths is None else decoding.tree_depth(paths)
     init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(depth), params)  # params: `_heads`
     state = self._init(init_state, src_BxS, block=depth if paths is None else len(paths))
     return speculative_lib.speculative(score_fn, propose_fn, state, key=key, temperature=temperature,
                                        batch_size=src_BxS.shape[0], k=depth, max_len=self.max_len,
                                        bos_id=tokenizer_lib.BOS_ID, eos_id=self.eos_id, paths=paths,
-                                       move_fn=model_lib.move_cache, top_k=top_k, top_p=top_p)
+                                       move_fn=model_lib.move_cache, top_k=top_k, top_p=top_p,
+                                       criterion=criterion)
 
   def _beam(self, params, src_BxS, beam_size, alpha):
     init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)

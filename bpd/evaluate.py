@@ -146,8 +146,9 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
     batch_invocations = []  # model calls of each batch: its slowest row decides when the batch is done
 
     def blockwise_fn(src, k=k, criterion=criterion, paths=paths, calls=batch_invocations):
-      if criterion == speculative.CRITERION:  # lossless sampling at the sampled row's temperature and seed
-        result = decoder.speculative(params, src, k=k, temperature=temperature, seed=seed, paths=paths, **truncation)
+      if criterion in speculative.CRITERIA:  # lossless sampling at the sampled row's temperature and seed
+        result = decoder.speculative(params, src, k=k, temperature=temperature, seed=seed, paths=paths,
+                                     criterion=criterion, **truncation)
       elif paths is None:  # a chain ('chain' in config.decode.trees too): the paper's loop
         result = decoder.blockwise(params, src, k=k, criterion=criterion)
       else:
@@ -155,7 +156,7 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
       calls.append(result.invocations)
       return result
 
-    sampled = criterion == speculative.CRITERION
+    sampled = criterion in speculative.CRITERIA
     # Speculative sampling's speedup is over ancestral sampling at the same temperature, timed side by side.
     out, fields = measure(name, blockwise_fn, *((sample_fn, 'sample') if sampled else ()))
     if sampled:

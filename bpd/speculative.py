@@ -66,16 +66,19 @@ from bpd import decoding
 from bpd.errors import UserError
 
 CRITERION = 'speculative'  # the decode criterion (config.decode.criteria) that selects this sampler
+BLOCK_CRITERION = 'speculative:block'  # the same sampler with block verification of the chain (`_block_walk`)
+CRITERIA = (CRITERION, BLOCK_CRITERION)
 PLANTS = (None, 'no_residual', 'no_bonus', 'q_temperature', 'stale_residual')  # tests only (_plant)
 
 
 def check_criterion(criterion) -> None:
-  """UserError unless `criterion` is lossless sampling: None, 'speculative', 'exact' or decoding.Criterion().
+  """UserError unless `criterion` is lossless sampling: None, 'speculative', 'speculative:block', 'exact' or
+  decoding.Criterion().
 
   Approximate acceptance (top_k:, distance:) and forced blocks (min_block:) accept tokens the rejection rule would
   reject, so the samples would no longer follow the model's distribution.
   """
-  if criterion is None or str(criterion) in (CRITERION, 'exact'):
+  if criterion is None or str(criterion) in CRITERIA + ('exact',):
     return
   raise UserError(f'Criterion {str(criterion)!r} cannot be used with speculative sampling: sampling accepts a draft '
                   'with probability min(1, p/q), which keeps the output distribution exactly that of the model; '
@@ -84,14 +87,19 @@ def check_criterion(criterion) -> None:
 
 
 def parse_decode_criterion(spec, k: int | None = None):
-  """A criterion of config.decode.criteria: CRITERION ('speculative') for speculative sampling, else
-  decoding.parse_criterion(spec, k). 'speculative' combined with anything ('speculative+top_k:2') is a UserError."""
+  """A criterion of config.decode.criteria: CRITERION ('speculative', token-by-token verification) or
+  BLOCK_CRITERION ('speculative:block', block verification) for speculative sampling, else
+  decoding.parse_criterion(spec, k). Either combined with anything ('speculative+top_k:2') is a UserError."""
   parts = [part.strip() for part in str(spec).split('+')]
-  if CRITERION not in parts:
+  sampling = [part for part in parts if part in CRITERIA]
+  if not sampling:
     return decoding.parse_criterion(spec, k)
+  if len(sampling) > 1:
+    raise UserError(f'Criterion {spec!r} names two verification rules; use {CRITERION!r} (token by token) or '
+                    f'{BLOCK_CRITERION!r} (block verification), one per entry of config.decode.criteria.')
   if len(parts) > 1:
-    check_criterion('+'.join(part for part in parts if part != CRITERION))
-  return CRITERION
+    check_criterion('+'.join(part for part in parts if part not in CRITERIA))
+  return sampling[0]
 
 
 def check_sampling_tree(paths, k: int) -> decoding.TreePaths:
@@ -270,9 +278,59 @@ def _walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, layout, plant):
   return cur_B, r_BxV
 
 
+def _block_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN):
+  """Block verification of a chain (Sun et al. 2025, "Block verification accelerates speculative decoding",
+  Algorithm 2; docs/speculative.md), on our schedule: node 0 is the free token, already a sample of p, accepted
+  unverified; nodes 1..g (g = N - 1) are the drafts X_i ~ q_{i+1}. Returns (last accepted node cur_B, distribution
+  of the next free token r_BxV), the meaning `_walk` gives them.
+
+  p_BxNxV[:, i]: head 1 at node i, the exact distribution of the token after X^i (so of X_{i+1});
+  q_BxDm1xV[:, i]: the distribution X_{i+1} was drawn from; coins_BxN[:, i]: eta_i, uniform in (0, 1], i >= 1.
+  The rule: running weight w_0 = 1, w_i = min(1, w_{i-1} p(X_i) / q(X_i)); for i < g, with
+  r_i = sum_x max(0, w_i p(x | X^i) - q_{i+1}(x)), accept-up-to-i probability h_i = r_i / (r_i + 1 - w_i)
+  (0/0 = 1), and h_g = w_g; tau = the largest i with eta_i <= h_i (0 if none): a failure at i does not stop
+  the walk, a later success accepts it too. The next free token comes from p after X^g when tau = g, else from
+  norm(max(0, w_tau p(. | X^tau) - q_{tau+1})). g is the whole chain even where EOS or max_len cuts the block
+  later: P(tau >= i, X^i = x^i) = q(x^i) w_i(x^i) whatever g >= i is, so the cut block has the law it would
+  have had if verification had stopped at the cut (docs/speculative.md).
+  """
+  B, N, _ = p_BxNxV.shape
+  rows = jnp.arange(B)
+  if N == 1:
+    return jnp.zeros((B,), jnp.int32), p_BxNxV[:, 0]
+  g = N - 1
+  w_B = jnp.ones((B,), jnp.float32)
+  w_list, h_list = [w_B], []
+  for i in range(1, g + 1):
+    x_B = nodes_BxN[:, i]
+    p_x_B, q_x_B = p_BxNxV[rows, i - 1, x_B], q_BxDm1xV[rows, i - 1, x_B]  # q(x) > 0: x was drawn from q
+    w_B = jnp.minimum(1.0, w_B * p_x_B / jnp.maximum(q_x_B, 1e-30))
+    w_list.append(w_B)
+    if i < g:
+      r_B = jnp.sum(jnp.maximum(w_B[:, None] * p_BxNxV[:, i] - q_BxDm1xV[:, i], 0.0), axis=-1)
+      denominator_B = r_B + (1.0 - w_B)
+      h_list.append(jnp.where(denominator_B > 0, r_B / jnp.maximum(denominator_B, 1e-30), 1.0))
+    else:
+      h_list.append(w_B)
+  h_BxG = jnp.stack(h_list, axis=1)
+  # eta in (0, 1] (`_uniforms`): P(eta <= h) = h, with h = 0 never and h = 1 always passing.
+  passed_BxG = coins_BxN[:, 1:] <= h_BxG
+  tau_B = jnp.max(jnp.where(passed_BxG, jnp.arange(1, g + 1)[None, :], 0), axis=1).astype(jnp.int32)
+  w_tau_B = jnp.stack(w_list, axis=1)[rows, tau_B]
+  p_tau_BxV = p_BxNxV[rows, tau_B]
+  q_next_BxV = q_BxDm1xV[rows, jnp.minimum(tau_B, g - 1)]  # the draft distribution at the first unaccepted node
+  left_BxV = jnp.maximum(w_tau_B[:, None] * p_tau_BxV - q_next_BxV, 0.0)
+  mass_B = jnp.sum(left_BxV, axis=-1, keepdims=True)
+  # Where the residual has (numerically) no mass, tau = i had probability r_i = 0: keep p, a distribution.
+  residual_BxV = jnp.where(mass_B > 1e-12, left_BxV / jnp.maximum(mass_B, 1e-30), p_tau_BxV)
+  r_BxV = jnp.where((tau_B == g)[:, None], p_tau_BxV, residual_BxV)
+  return tau_B, r_BxV
+
+
 def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_len: int, eos_id: int,
-                 top_k: int = 0, top_p: float = 1.0, plant=None):
-  """One iteration (verify every node, walk, cut, move, draw the next tree): SamplerState -> SamplerState."""
+                 top_k: int = 0, top_p: float = 1.0, plant=None, block: bool = False):
+  """One iteration (verify every node, walk, cut, move, draw the next tree): SamplerState -> SamplerState.
+  block: block verification (`_block_walk`, chains only) instead of token-by-token (`_walk`)."""
   layout, depth = decoding.tree_layout(paths), decoding.tree_depth(paths)
   depth_N, path_NxD = layout['depth_N'], layout['path_NxD']
   is_chain = len(paths) == depth  # one node per depth: slots are positions, no tree mask, nothing to move
@@ -286,9 +344,12 @@ def sampler_body(score_fn, propose_fn, move_fn, *, key, temperature, paths, max_
     logits_BxNxV, hidden, model_state = score_fn(s.model_state, s.nodes_BxN, start_B, *tree_arg)
     coins_BxN = _uniforms(_block_keys(row_keys_B, start_B), len(paths))[:, 1]
     # p and q truncated alike (top_k, top_p): the walk then samples the truncated model exactly.
-    cur_B, r_BxV = _walk(_softmax(logits_BxNxV, temperature, top_k, top_p),
-                         _softmax(s.heads_BxDm1xV, q_temperature, top_k, top_p),
-                         s.nodes_BxN, coins_BxN, layout, plant)
+    p_BxNxV = _softmax(logits_BxNxV, temperature, top_k, top_p)
+    q_BxDm1xV = _softmax(s.heads_BxDm1xV, q_temperature, top_k, top_p)
+    if block:
+      cur_B, r_BxV = _block_walk(p_BxNxV, q_BxDm1xV, s.nodes_BxN, coins_BxN)
+    else:
+      cur_B, r_BxV = _walk(p_BxNxV, q_BxDm1xV, s.nodes_BxN, coins_BxN, layout, plant)
     k_hat_B = jnp.asarray(depth_N)[cur_B] + 1
     path_BxD = jnp.asarray(path_NxD)[cur_B]
     block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
@@ -321,18 +382,24 @@ def speculative(score_fn, propose_fn, state: Any, *, key, temperature, batch_siz
   decoding.chain_tree(k)), using its first D = tree_depth(paths) heads; move_fn: needed for a tree that is not a
   chain. One model invocation per iteration plus one at the start. The state needs a cache of at least
   max_len + N + 1 slots (N = len(paths); k for the chain). Returns a decoding.BlockwiseResult (D + 1 columns of
-  block counts). `_plant` plants a known error, for the tests that must catch it (PLANTS).
+  block counts). criterion: None or 'speculative' verifies token by token (recursive rejection on a tree);
+  'speculative:block' verifies the chain's drafts jointly (`_block_walk`; a tree is a UserError). `_plant` plants
+  a known error, for the tests that must catch it (PLANTS).
   """
   check_criterion(criterion)
+  block = str(criterion) == BLOCK_CRITERION
   check_truncation(top_k, top_p)
   if _plant not in PLANTS:
     raise ValueError(f'unknown plant {_plant!r}; one of {PLANTS}')
   paths = check_sampling_tree(decoding.chain_tree(k) if paths is None else paths, k)
+  if block and len(paths) != decoding.tree_depth(paths):
+    raise UserError(f'{BLOCK_CRITERION!r} verifies a chain; tree {paths} has several nodes at one depth. Use '
+                    f'{CRITERION!r} for trees (recursive rejection), or decode the chain.')
   if len(paths) != decoding.tree_depth(paths) and move_fn is None:
     raise ValueError('a tree that is not a chain needs move_fn (bpd/decoding.py)')
 
   first = sampler_init(score_fn, propose_fn, state, key=key, temperature=temperature, batch_size=batch_size,
                        paths=paths, max_len=max_len, bos_id=bos_id, eos_id=eos_id, top_k=top_k, top_p=top_p)
   body = sampler_body(score_fn, propose_fn, move_fn, key=key, temperature=temperature, paths=paths,
-                      max_len=max_len, eos_id=eos_id, top_k=top_k, top_p=top_p, plant=_plant)
+                      max_len=max_len, eos_id=eos_id, top_k=top_k, top_p=top_p, plant=_plant, block=block)
   return decoding.run_loop(first, body, max_len=max_len)

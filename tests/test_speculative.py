@@ -35,12 +35,15 @@ SEED = 5  # the stub's source: every row decodes the same source
 TREE = ((0,), (0, 0), (0, 1), (0, 2), (0, 0, 0), (0, 0, 1), (0, 1, 0))  # siblings at depths 1 and 2
 
 
-@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'paths', 'plant', 'top_k', 'top_p'))
-def _sample(key, seed_B, temperature, *, stub, batch_size, max_len, paths=None, plant=None, top_k=0, top_p=1.0):
+@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'paths', 'plant', 'top_k', 'top_p',
+                                             'criterion'))
+def _sample(key, seed_B, temperature, *, stub, batch_size, max_len, paths=None, plant=None, top_k=0, top_p=1.0,
+            criterion=None):
   state = stub.init_state(seed_B, max_len + (len(paths) if paths else stub.k) + 1)
   return speculative.speculative(stub.score_fn, stub.propose_fn, state, key=key, temperature=temperature,
                                  batch_size=batch_size, k=stub.k, max_len=max_len, bos_id=BOS, eos_id=EOS,
-                                 paths=paths, move_fn=stub.move_fn, top_k=top_k, top_p=top_p, _plant=plant)
+                                 paths=paths, move_fn=stub.move_fn, top_k=top_k, top_p=top_p, _plant=plant,
+                                 criterion=criterion)
 
 
 @functools.partial(jax.jit, static_argnames=('stub', 'max_len', 'paths'))
@@ -82,9 +85,10 @@ def assert_matches_ancestral(result, stub, max_len, temperature, top_k=0, top_p=
   return statistic
 
 
-def _batch(stub, max_len, temperature, paths=None, plant=None, key=0, top_k=0, top_p=1.0):
+def _batch(stub, max_len, temperature, paths=None, plant=None, key=0, top_k=0, top_p=1.0, criterion=None):
   return _sample(jax.random.PRNGKey(key), jnp.full((SAMPLES,), SEED, jnp.uint32), jnp.float32(temperature),
-                 stub=stub, batch_size=SAMPLES, max_len=max_len, paths=paths, plant=plant, top_k=top_k, top_p=top_p)
+                 stub=stub, batch_size=SAMPLES, max_len=max_len, paths=paths, plant=plant, top_k=top_k, top_p=top_p,
+                 criterion=criterion)
 
 
 # -- the reference itself ----------------------------------------------------------------------------------
