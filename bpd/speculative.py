@@ -5,7 +5,9 @@ This module samples from the scoring model p_1 at a temperature T > 0, exactly (
 ancestral sampling, whatever the heads say), with the rejection rule of speculative sampling (Leviathan et al.
 2023, "Fast inference from transformers via speculative decoding", Algorithm 1 and Theorem 3.5; Chen et al. 2023)
 and, for trees, recursive rejection over siblings (SpecInfer, Miao et al. 2024, "multi-step speculative
-sampling", its Algorithm 2 and Theorem 4.2). docs/speculative.md states the rules and why they are lossless.
+sampling", its Algorithm 2 and Theorem 4.2). The criterion 'speculative:block' verifies a chain's drafts jointly
+instead (block verification, Sun et al. 2025, `_block_walk`): the same law, and at least as many tokens per call
+in distribution. docs/speculative.md states the rules and why they are lossless.
 
 Interface: the same score_fn / propose_fn / move_fn as bpd/decoding.py (see its docstring), and the same
 BlockwiseResult, so decoding.summarize works on the result.
