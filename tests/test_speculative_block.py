@@ -6,8 +6,8 @@ of whole outputs, Pearson's chi-square at false-alarm rate 1e-4 per comparison).
 span several blocks (max_len L > k >= 3) at T != 1, cut both by EOS and by max_len. One setting has
 overconfident heads (head_scale 3: drafts often more likely under q than under p, so the running weight falls
 below 1 and the weighted residual max(0, w p - q) differs from the plain one); the planted errors below are
-checked there, on 60000 samples, where each pushes the statistic at least twice past the bound (the closest,
-the unweighted residual, has a mean about 7 standard deviations above it).
+checked there, on 60000 samples, where each pushes the statistic past the bound by a wide margin (the closest,
+the unweighted residual, by several standard deviations of the statistic's own spread; docs/speculative.md).
 """
 
 import functools
