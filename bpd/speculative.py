@@ -5,7 +5,9 @@ This module samples from the scoring model p_1 at a temperature T > 0, exactly (
 ancestral sampling, whatever the heads say), with the rejection rule of speculative sampling (Leviathan et al.
 2023, "Fast inference from transformers via speculative decoding", Algorithm 1 and Theorem 3.5; Chen et al. 2023)
 and, for trees, recursive rejection over siblings (SpecInfer, Miao et al. 2024, "multi-step speculative
-sampling", its Algorithm 2 and Theorem 4.2). docs/speculative.md states the rules and why they are lossless.
+sampling", its Algorithm 2 and Theorem 4.2). 'speculative:block' verifies a chain's drafts jointly instead
+(block verification, Sun et al. 2025, `block_walk`): the same law, and at least as many tokens per call in
+distribution. docs/speculative.md states the rules and why they are lossless.
 
 Interface: `Sampling` is an acceptance rule of decoding.blockwise, the one blockwise loop (its `check`, `target`,
 `draft` and `accept`; bpd/decoding.py): the loop, the trees, the EOS / max_len cut and the statistics are
@@ -63,7 +65,9 @@ from bpd import decoding
 from bpd.errors import UserError
 
 CRITERION = 'speculative'  # the word of config.decode.criteria that selects this sampler
-VERIFICATIONS = ('token',)  # how a drafted block is verified: 'token' (token by token, the default)
+# How a drafted block is verified: 'token' (token by token, recursive rejection on trees; `walk`, the default) or
+# 'block' (the chain's drafts jointly; `block_walk`).
+VERIFICATIONS = ('token', 'block')
 
 
 @flax.struct.dataclass
@@ -88,6 +92,9 @@ class Sampling:
       raise UserError(f'Tree spec {tree} is built from the heads\' argmax confidence for greedy acceptance; '
                       'speculative sampling drafts independent samples: use a chain or a static tree with it.')
     check_sampling_tree(tree.paths, tree.depth)
+    if self.verify == 'block' and not tree.is_chain:
+      raise UserError(f'{self} verifies a chain; the tree {tree.paths} has several nodes at one depth. Use '
+                      f'{CRITERION!r} for trees (recursive rejection), or decode the chain.')
 
   def ends_early(self, tree) -> bool:
     return True  # the free token is a sample of the next token: where it ends the row it is the row's end
@@ -114,6 +121,8 @@ class Sampling:
     # p and q truncated alike (top_k, top_p): the walk then samples the truncated model exactly.
     p_BxNxV = _softmax(logits_BxNxV, self.temperature, self.top_k, self.top_p)
     q_BxDm1xV = _softmax(memo, self.temperature, self.top_k, self.top_p)
+    if self.verify == 'block':
+      return block_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN)
     return walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree)
 
 
@@ -247,3 +256,52 @@ def walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree: decoding.Layout):
     cur_B = next_B
     going_B = going_B & found_B
   return cur_B, r_BxV
+
+
+def block_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN):
+  """Block verification of a chain (Sun et al. 2025, "Block verification accelerates speculative decoding",
+  Algorithm 2; docs/speculative.md), on our schedule: node 0 is the free token, already a sample of p, accepted
+  unverified; nodes 1..g (g = N - 1) are the drafts X_i ~ q_{i+1}. Returns (last accepted node cur_B, distribution
+  of the next free token r_BxV), the meaning `walk` gives them.
+
+  p_BxNxV[:, i]: head 1 at node i, the exact distribution of the token after X^i (so of X_{i+1});
+  q_BxDm1xV[:, i]: the distribution X_{i+1} was drawn from; coins_BxN[:, i]: eta_i, uniform in (0, 1], i >= 1.
+  The rule: running weight w_0 = 1, w_i = min(1, w_{i-1} p(X_i) / q(X_i)); for i < g, with
+  r_i = sum_x max(0, w_i p(x | X^i) - q_{i+1}(x)), accept-up-to-i probability h_i = r_i / (r_i + 1 - w_i)
+  (0/0 = 1), and h_g = w_g; tau = the largest i with eta_i <= h_i (0 if none): a failure at i does not stop
+  the walk, a later success accepts it too. The next free token comes from p after X^g when tau = g, else from
+  norm(max(0, w_tau p(. | X^tau) - q_{tau+1})). g is the whole chain even where EOS or max_len cuts the block
+  later: P(tau >= i, X^i = x^i) = q(x^i) w_i(x^i) whatever g >= i is, so the cut block has the law it would
+  have had if verification had stopped at the cut (docs/speculative.md).
+  """
+  B, N, _ = p_BxNxV.shape
+  rows = jnp.arange(B)
+  if N == 1:
+    return jnp.zeros((B,), jnp.int32), p_BxNxV[:, 0]
+  g = N - 1
+  w_B = jnp.ones((B,), jnp.float32)
+  w_list, h_list = [w_B], []
+  for i in range(1, g + 1):
+    x_B = nodes_BxN[:, i]
+    p_x_B, q_x_B = p_BxNxV[rows, i - 1, x_B], q_BxDm1xV[rows, i - 1, x_B]  # q(x) > 0: x was drawn from q
+    w_B = jnp.minimum(1.0, w_B * p_x_B / jnp.maximum(q_x_B, 1e-30))
+    w_list.append(w_B)
+    if i < g:
+      r_B = jnp.sum(jnp.maximum(w_B[:, None] * p_BxNxV[:, i] - q_BxDm1xV[:, i], 0.0), axis=-1)
+      denominator_B = r_B + (1.0 - w_B)
+      h_list.append(jnp.where(denominator_B > 0, r_B / jnp.maximum(denominator_B, 1e-30), 1.0))
+    else:
+      h_list.append(w_B)
+  h_BxG = jnp.stack(h_list, axis=1)
+  # eta in (0, 1] (`_uniforms`): P(eta <= h) = h, with h = 0 never and h = 1 always passing.
+  passed_BxG = coins_BxN[:, 1:] <= h_BxG
+  tau_B = jnp.max(jnp.where(passed_BxG, jnp.arange(1, g + 1)[None, :], 0), axis=1).astype(jnp.int32)
+  w_tau_B = jnp.stack(w_list, axis=1)[rows, tau_B]
+  p_tau_BxV = p_BxNxV[rows, tau_B]
+  q_next_BxV = q_BxDm1xV[rows, jnp.minimum(tau_B, g - 1)]  # the draft distribution at the first unaccepted node
+  left_BxV = jnp.maximum(w_tau_B[:, None] * p_tau_BxV - q_next_BxV, 0.0)
+  mass_B = jnp.sum(left_BxV, axis=-1, keepdims=True)
+  # Where the residual has (numerically) no mass, tau = i had probability r_i = 0: keep p, a distribution.
+  residual_BxV = jnp.where(mass_B > 1e-12, left_BxV / jnp.maximum(mass_B, 1e-30), p_tau_BxV)
+  r_BxV = jnp.where((tau_B == g)[:, None], p_tau_BxV, residual_BxV)
+  return tau_B, r_BxV

@@ -44,7 +44,8 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   decode.*             the sweep of `--mode=decode`: heads k' <= k, criteria, trees, batch sizes, splits.
   decode.temperature   > 0 adds a row sampled at this temperature (seed decode.seed) beside greedy and the blockwise
                        rows, which stay argmax-based; the criterion 'speculative' in decode.criteria samples at it
-                       blockwise, exactly (bpd/speculative.py); 0 = greedy only.
+                       blockwise, exactly (bpd/speculative.py; 'speculative:block' with block verification of
+                       the chain); 0 = greedy only.
   decode.sample_top_k, decode.sample_top_p  truncate the distribution both samplers draw from (the top_k most
                        likely tokens, then the top_p nucleus; 0 and 1 = off; bpd/speculative.py sampling_logits).
   decode.grid_examples images: how many validation images the figure of outputs shows (decode/SPLIT.grid.png).

@@ -1,7 +1,8 @@
 """Known errors planted into speculative sampling, for the tests that must catch them (tests/test_speculative.py).
 
-They live here, not in production code: `Planted` is an acceptance rule (the four methods of bpd/decoding.py's
-rules) that drafts as speculative.Sampling does and verifies with a walk carrying one of PLANTS.
+They live here, not in production code: `Planted` is an acceptance rule (the methods of bpd/decoding.py's
+rules) that drafts as speculative.Sampling does and verifies with a walk carrying one of PLANTS (token-by-token
+verification, speculative.walk) or of BLOCK_PLANTS (block verification, speculative.block_walk).
 """
 
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ import numpy as np
 from bpd import speculative
 
 PLANTS = ('no_residual', 'no_bonus', 'q_temperature', 'stale_residual')
+BLOCK_PLANTS = ('first_failure', 'unweighted_residual', 'memoryless_weight', 'residual_q_off_by_one', 'none')
 
 
 class Planted:
@@ -17,8 +19,8 @@ class Planted:
   draws = True
 
   def __init__(self, base: speculative.Sampling, plant: str):
-    if plant not in PLANTS:
-      raise ValueError(f'unknown plant {plant!r}; one of {PLANTS}')
+    if plant not in PLANTS + BLOCK_PLANTS:
+      raise ValueError(f'unknown plant {plant!r}; one of {PLANTS + BLOCK_PLANTS}')
     self.base, self.plant = base, plant
 
   def check(self, tree):
@@ -40,6 +42,8 @@ class Planted:
     coins_BxN = speculative._uniforms(keys_B, tree.num_nodes)[:, 1]
     p_BxNxV = speculative._softmax(logits_BxNxV, base.temperature, base.top_k, base.top_p)
     q_BxDm1xV = speculative._softmax(memo, base.temperature, base.top_k, base.top_p)
+    if self.plant in BLOCK_PLANTS:
+      return _planted_block_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, self.plant)
     return _planted_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree, self.plant)
 
 
@@ -80,3 +84,38 @@ def _planted_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree, plant):
     cur_B = jnp.where(leaf_B, 0, cur_B)
     r_BxV = jnp.where(leaf_B[:, None], first_residual_BxV, r_BxV)
   return cur_B, r_BxV
+
+
+def _planted_block_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, plant):
+  """speculative.block_walk written again with one known error ('none': the rule itself, so that the failures
+  of the others are their plants')."""
+  B, N, _ = p_BxNxV.shape
+  rows, g = jnp.arange(B), N - 1
+  w_B = jnp.ones((B,), jnp.float32)
+  w_list, h_list = [w_B], []
+  for i in range(1, g + 1):
+    x_B = nodes_BxN[:, i]
+    ratio_B = p_BxNxV[rows, i - 1, x_B] / q_BxDm1xV[rows, i - 1, x_B]
+    # 'memoryless_weight': w_i = min(1, p/q) of the i-th draft alone, the running product not carried.
+    w_B = jnp.minimum(1.0, (1.0 if plant == 'memoryless_weight' else w_B) * ratio_B)
+    w_list.append(w_B)
+    if i < g:
+      r_B = jnp.sum(jnp.maximum(w_B[:, None] * p_BxNxV[:, i] - q_BxDm1xV[:, i], 0.0), axis=-1)
+      denominator_B = r_B + 1.0 - w_B
+      h_list.append(jnp.where(denominator_B > 0, r_B / jnp.maximum(denominator_B, 1e-30), 1.0))
+    else:
+      h_list.append(w_B)
+  passed_BxG = coins_BxN[:, 1:] <= jnp.stack(h_list, axis=1)
+  if plant == 'first_failure':  # stop at the first failed test instead of taking the longest passing prefix
+    passed_BxG = jnp.cumprod(passed_BxG, axis=1).astype(bool)
+  tau_B = jnp.max(jnp.where(passed_BxG, jnp.arange(1, g + 1)[None, :], 0), axis=1)
+  w_tau_B = jnp.stack(w_list, axis=1)[rows, tau_B]
+  if plant == 'unweighted_residual':  # norm(max(0, p - q)) instead of norm(max(0, w_tau p - q))
+    w_tau_B = jnp.ones_like(w_tau_B)
+  p_tau_BxV = p_BxNxV[rows, tau_B]
+  # 'residual_q_off_by_one': the residual subtracts the accepted draft's q, not the next draft's.
+  q_index_B = jnp.maximum(tau_B - 1, 0) if plant == 'residual_q_off_by_one' else jnp.minimum(tau_B, g - 1)
+  left_BxV = jnp.maximum(w_tau_B[:, None] * p_tau_BxV - q_BxDm1xV[rows, q_index_B], 0.0)
+  mass_B = jnp.sum(left_BxV, axis=-1, keepdims=True)
+  residual_BxV = jnp.where(mass_B > 1e-12, left_BxV / jnp.maximum(mass_B, 1e-30), p_tau_BxV)
+  return tau_B.astype(jnp.int32), jnp.where((tau_B == g)[:, None], p_tau_BxV, residual_BxV)

@@ -181,7 +181,8 @@ class SoftStub:
   Head 1's logits after a prefix with hash h: spread * (u_v - 1/2) for EOS and the words, u_v a hash of (h, v)
   in [0, 1), plus eos_bias on EOS; PAD and BOS never come (-1e9). Proposal head i (predicting y_{j+i} from
   position j) gives the logits head 1 would give after the prefix extended by its own argmax path of i - 1
-  tokens, plus head_noise times hash noise: close to the true distribution of y_{j+i}, never equal to it.
+  tokens, times head_scale (> 1: overconfident heads), plus head_noise times hash noise: close to the true
+  distribution of y_{j+i}, never equal to it.
   The state mirrors a KV cache, as Stub's: the running hash at every slot; trees as in Stub.score_fn.
   """
   vocab_size: int = 6
@@ -189,6 +190,7 @@ class SoftStub:
   spread: float = 3.0
   head_noise: float = 1.0
   eos_bias: float = 0.0
+  head_scale: float = 1.0
 
   def logits(self, h):
     """Head 1's logits [..., V] after the prefix with hash h (numpy or JAX, uint32 [...])."""
@@ -225,7 +227,7 @@ class SoftStub:
       h = _mix(h, jnp.argmax(self.logits(h), axis=-1))  # one more token of head 1's argmax path
       noise = (_mix(_mix(hidden['h'], jnp.full_like(hidden['h'], 7919 * i))[..., None],
                     jnp.arange(self.vocab_size, dtype=jnp.uint32)) % np.uint32(1000)).astype(jnp.float32) / 1000.0
-      out.append(self.logits(h) + self.head_noise * (noise - 0.5))
+      out.append(self.head_scale * self.logits(h) + self.head_noise * (noise - 0.5))
     return jnp.stack(out, axis=1)
 
   def exact_distribution(self, seed, max_len, temperature, top_k=0, top_p=1.0):

@@ -280,6 +280,7 @@ def test_error_k_below_one(tmp_path):
     ('distance:-2', 'distance needs EPS >= 0'),
     ('min_block:4', 'at most k=3'),
     ('speculative', 'temperature is 0'),  # sampling needs config.decode.temperature > 0
+    ('speculative:block', 'temperature is 0'),
     ('speculative+top_k:2', 'cannot be used with speculative sampling'),
 ])
 def test_error_bad_criteria(trained, criterion, match):
@@ -304,27 +305,29 @@ def test_error_sweep_k_larger_than_checkpoint(trained):
 
 
 def test_speculative_sampling_through_the_decode_sweep(trained, tmp_path):
-  """--config.decode.temperature=1.0 --config.decode.criteria="('speculative',)" on text, nucleus-truncated: the
-  ancestral row (sample:1) and a speculative row with BLEU, mean accepted block size and its speedup over ancestral
-  sampling; the same seed gives the same samples."""
+  """--config.decode.temperature=1.0 --config.decode.criteria="('speculative','speculative:block')" on text,
+  nucleus-truncated: the ancestral row (sample:1) and a row per verification rule with BLEU, mean accepted block
+  size and its speedup over ancestral sampling; the same seed gives the same samples."""
   _, heads_dir = trained
-  config = tiny_config(**{'k': 3, 'decode.ks': (3,), 'decode.criteria': ('speculative',), 'decode.temperature': 1.0,
-                          'decode.seed': 3, 'decode.sample_top_p': 0.9})
+  config = tiny_config(**{'k': 3, 'decode.ks': (3,), 'decode.criteria': ('speculative', 'speculative:block'),
+                          'decode.temperature': 1.0, 'decode.seed': 3, 'decode.sample_top_p': 0.9})
   samples = []
   for name in ('a', 'b'):
     workdir = str(tmp_path / name)
     shutil.copytree(heads_dir, workdir, ignore=shutil.ignore_patterns('decode'))
     records = evaluate.decode_sweep(config, workdir)
     samples.append(open(os.path.join(workdir, 'decode', 'test.k3.speculative.b8.txt'), encoding='utf-8').read())
-  assert [(r['k'], r['criterion']) for r in records] == [(1, 'greedy'), (1, 'sample:1'), (3, 'speculative')]
-  row = records[2]
-  for key in ('quality', 'mean_accepted_block_size', 'speedup', 'sample_seconds', 'seconds', 'tokens',
-              'block_size_histogram'):
-    assert key in row, key
-  assert (row['temperature'], row['seed'], row['quality_metric']) == (1.0, 3, 'bleu')
+  assert [(r['k'], r['criterion']) for r in records] == [(1, 'greedy'), (1, 'sample:1'), (3, 'speculative'),
+                                                         (3, 'speculative:block')]
+  for row in records[2:]:
+    for key in ('quality', 'mean_accepted_block_size', 'speedup', 'sample_seconds', 'seconds', 'tokens',
+                'block_size_histogram'):
+      assert key in row, key
+    assert (row['temperature'], row['seed'], row['quality_metric']) == (1.0, 3, 'bleu')
+    assert 1.0 <= row['mean_accepted_block_size'] <= 3 and row['invocations'] == row['iterations'] + 12
+    assert row['speedup'] == row['sample_seconds'] / row['seconds']
   assert all((r['sample_top_k'], r['sample_top_p']) == (0, 0.9) for r in records[1:])
-  assert 1.0 <= row['mean_accepted_block_size'] <= 3 and row['invocations'] == row['iterations'] + 12
-  assert row['speedup'] == row['sample_seconds'] / row['seconds']
+  assert os.path.exists(os.path.join(workdir, 'decode', 'test.k3.speculativeblock.b8.txt'))
   assert samples[0] == samples[1] and len(samples[0].split('\n')) == 12 + 1
 
 

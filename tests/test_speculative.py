@@ -36,11 +36,13 @@ SEED = 5  # the stub's source: every row decodes the same source
 TREE = ((0,), (0, 0), (0, 1), (0, 2), (0, 0, 0), (0, 0, 1), (0, 1, 0))  # siblings at depths 1 and 2
 
 
-@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'paths', 'plant', 'top_k', 'top_p'))
-def _sample(key, seed_B, temperature, *, stub, batch_size, max_len, paths=None, plant=None, top_k=0, top_p=1.0):
+@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'paths', 'plant', 'top_k', 'top_p',
+                                             'verify'))
+def _sample(key, seed_B, temperature, *, stub, batch_size, max_len, paths=None, plant=None, top_k=0, top_p=1.0,
+            verify='token'):
   tree = decoding.layout(decoding.check_tree(paths or decoding.chain_tree(stub.k), stub.k))
   state = stub.init_state(seed_B, max_len + tree.num_nodes + 1)
-  rule = speculative.Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+  rule = speculative.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, verify=verify)
   if plant:
     rule = planted.Planted(rule, plant)
   return decoding.blockwise(decoding.ModelFns(stub.score_fn, stub.propose_fn, stub.move_fn), state,
