@@ -1,5 +1,6 @@
-"""A truncated draft vocabulary (config.model.draft_vocab = R; DESIGN §8, after EAGLE-3 and FR-Spec): the R most
-frequent tokens of the task's training targets, which the proposal heads draft from (bpd/model.py, draft_ids).
+"""A truncated draft vocabulary (config.model.draft_vocab = R; not in the paper: after EAGLE-3, Li et al. 2025,
+arXiv 2503.01840, and FR-Spec, Zhao et al. 2025): the R most frequent tokens of the task's training targets, which
+the proposal heads draft from (bpd/model.py, ModelConfig.draft_ids).
 
 Where the ids live: in the model's config (ModelConfig.draft_ids), so in the workdir's model.json beside the
 checkpoints. Every decoder is built from a ModelConfig, so the ids reach propose with no new argument anywhere

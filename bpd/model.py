@@ -13,7 +13,8 @@ Methods:
   score(state, tokens, start, tree) -> the same for the N nodes of a candidate tree (bpd/decoding.py, tree);
                                   `move_cache` then moves the accepted path's keys and values into place.
   propose(hidden)              -> logits of heads 2..k at one position per row (with head_type='sequential' one
-                                  head after the other, each fed the previous one's argmax).
+                                  head after the other, each fed the previous one's argmax); with a draft
+                                  vocabulary (ModelConfig.draft_ids) projected onto its R rows, -inf elsewhere.
 `decode_fns` wraps the last three as the plain functions that `bpd.decoding` takes; decoding never sees
 this module.
 """
@@ -95,10 +96,11 @@ class ModelConfig:
   # (layers.MultiOutput, 'token_kernel'). The default keeps model.json files and checkpoints written before this
   # field: independent heads, the same parameter tree. Chains only: tree decoding refuses it (score).
   head_type: str = 'independent'
-  # A truncated draft vocabulary (DESIGN §8; EAGLE-3, Li et al. 2025; FR-Spec, Zhao et al. 2025): the ids of the
-  # config.model.draft_vocab most frequent tokens of the training targets, ascending (bpd/draft_vocab.py counts
-  # them). Heads 2..k propose among these only: their projection reads these R rows of the embedding, not all V
-  # (decode_fns gathers them once per decode), and propose still returns [B, k-1, V] logits, -inf outside the set.
+  # A truncated draft vocabulary (not in the paper; EAGLE-3, Li et al. 2025, arXiv 2503.01840; FR-Spec, Zhao et al.
+  # 2025): the ids of the config.model.draft_vocab = R most frequent tokens of the training targets, ascending
+  # (bpd/draft_vocab.py counts them). Heads 2..k propose among these only: their projection reads these R rows of the
+  # embedding, not all V (decode_fns gathers them once per decode), and propose still returns [B, k-1, V] logits,
+  # -inf outside the set.
   # Head 1, which verifies, keeps the whole vocabulary: exact decoding stays greedy's, and speculative sampling stays
   # exact (q is renormalised over the set, 0 outside it). Decoding only: no parameters, training unchanged.
   # () = off, so model.json files written before this field load unchanged.
@@ -468,7 +470,7 @@ class Transformer(nn.Module):
 def spread_draft_logits(logits_Bx___xR, draft_ids, vocab_size: int) -> jax.Array:
   """Full-vocabulary logits [..., V] from a draft vocabulary's (config.draft_ids): each draft logit at its id, -inf
   at every other id, so that the decode loops read propose_fn's [B, k-1, V] as before: an argmax or top-r is a
-  draft id, and q = softmax(logits / T) is renormalised over the draft ids, 0 elsewhere (DESIGN §8). One gather of
+  draft id, and q = softmax(logits / T) is renormalised over the draft ids, 0 elsewhere (bpd/draft_vocab.py). One gather of
   V floats per vector from the R logits and a -inf slot (the ids are static), no weights read."""
   slot_V = np.full(vocab_size, len(draft_ids), np.int32)  # the -inf slot ...
   slot_V[np.asarray(draft_ids, np.int32)] = np.arange(len(draft_ids), dtype=np.int32)  # ... except at draft ids

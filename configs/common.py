@@ -23,7 +23,7 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   model.draft_vocab    R > 0: the proposal heads draft from the R most frequent training target tokens only (their
                        projection reads R rows, not V; verification keeps the whole vocabulary, so exact decoding
                        stays greedy's); 0 = off. Counted at training, kept in model.json; at decode time this
-                       field decides (bpd/draft_vocab.py). Not in the paper: EAGLE-3, FR-Spec (DESIGN §8).
+                       field decides (bpd/draft_vocab.py). Not in the paper: EAGLE-3, FR-Spec.
   model.ordinal_pixel_init  images: initialize the 256 intensity embeddings as sinusoids of the intensity, so that
                        nearby intensities start out alike (not in the paper; layers.ordinal_pixel_embedding_init).
   data.source          synthetic | text | tfds (translation) | images (CelebA 8x8 -> 32x32).

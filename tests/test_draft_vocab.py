@@ -1,4 +1,4 @@
-"""A truncated draft vocabulary (config.model.draft_vocab; bpd/draft_vocab.py, ModelConfig.draft_ids; DESIGN §8).
+"""A truncated draft vocabulary (config.model.draft_vocab; bpd/draft_vocab.py, ModelConfig.draft_ids).
 
 The proposal heads project onto R draft rows of the embedding and propose_fn still returns [B, k-1, V] logits,
 -inf outside the draft ids. What must hold, by construction:
