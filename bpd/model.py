@@ -437,31 +437,28 @@ class Transformer(nn.Module):
     hidden_BxD, token_B = hidden['hidden_BxTxD'], hidden['first_BxT']
     prior_BxKm1xV = hidden.get('prior_BxTxKm1xV')
     draft = self.config.draft_ids
-    if draft and split is None:
-      draft_DxR = (self._draft_rows() if draft_RxD is None else draft_RxD).T
-    elif draft:
-      draft_DxR = split['draft_DxR']
+    if draft:  # the [d, R] projection, cut once per decode when split comes from decode_fns
+      ids_R = np.asarray(draft, np.int32)
+      draft_DxR = split['draft_DxR'] if split is not None else (
+          self._draft_rows() if draft_RxD is None else draft_RxD).T
     logits = []
     for n in range(heads - 1):
       weights = None if split is None else split['heads'][n]
       vector_BxD = self.multi_output.one_head(hidden_BxD, n, self.token_embedding(token_B), weights)
-      prior_BxV = None if prior_BxKm1xV is None else prior_BxKm1xV[:, n]
+      prior_BxX = None if prior_BxKm1xV is None else prior_BxKm1xV[:, n]  # X: R with a draft vocabulary, else V
       if draft:
-        logits_BxR = jnp.dot(vector_BxD.astype(draft_DxR.dtype), draft_DxR, preferred_element_type=jnp.float32)
-        if prior_BxV is not None:
-          logits_BxR = logits_BxR + jnp.take(prior_BxV, np.asarray(draft), axis=-1)
-        token_B = jnp.asarray(np.asarray(draft, np.int32))[jnp.argmax(logits_BxR, axis=-1)]
-        logits.append(logits_BxR)
-        continue
-      if split is None:
-        logits_BxV = self.logits(vector_BxD)
+        logits_BxX = jnp.dot(vector_BxD.astype(draft_DxR.dtype), draft_DxR, preferred_element_type=jnp.float32)
+        prior_BxX = None if prior_BxX is None else jnp.take(prior_BxX, ids_R, axis=-1)
+      elif split is None:
+        logits_BxX = self.logits(vector_BxD)
       else:  # the tied projection, with the [D, V] transpose made once per decode rather than once per head
         embedding_DxV = split['embedding_DxV']
-        logits_BxV = jnp.dot(vector_BxD.astype(embedding_DxV.dtype), embedding_DxV, preferred_element_type=jnp.float32)
-      if prior_BxV is not None:
-        logits_BxV = logits_BxV + prior_BxV
-      token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-      logits.append(logits_BxV)
+        logits_BxX = jnp.dot(vector_BxD.astype(embedding_DxV.dtype), embedding_DxV, preferred_element_type=jnp.float32)
+      if prior_BxX is not None:
+        logits_BxX = logits_BxX + prior_BxX
+      choice_B = jnp.argmax(logits_BxX, axis=-1)
+      token_B = (jnp.asarray(ids_R)[choice_B] if draft else choice_B).astype(jnp.int32)
+      logits.append(logits_BxX)
     if draft:  # one spread of all k' - 1 heads' logits: a V-float write per head
       return spread_draft_logits(jnp.stack(logits, axis=1), draft, self.config.vocab_size)
     return jnp.stack(logits, axis=1)
@@ -470,8 +467,8 @@ class Transformer(nn.Module):
 def spread_draft_logits(logits_Bx___xR, draft_ids, vocab_size: int) -> jax.Array:
   """Full-vocabulary logits [..., V] from a draft vocabulary's (config.draft_ids): each draft logit at its id, -inf
   at every other id, so that the decode loops read propose_fn's [B, k-1, V] as before: an argmax or top-r is a
-  draft id, and q = softmax(logits / T) is renormalised over the draft ids, 0 elsewhere (bpd/draft_vocab.py). One gather of
-  V floats per vector from the R logits and a -inf slot (the ids are static), no weights read."""
+  draft id, and q = softmax(logits / T) is renormalised over the draft ids, 0 elsewhere (bpd/draft_vocab.py). One
+  gather of V floats per vector from the R logits and a -inf slot (the ids are static), no weights read."""
   slot_V = np.full(vocab_size, len(draft_ids), np.int32)  # the -inf slot ...
   slot_V[np.asarray(draft_ids, np.int32)] = np.arange(len(draft_ids), dtype=np.int32)  # ... except at draft ids
   padded = jnp.concatenate([logits_Bx___xR, jnp.full(logits_Bx___xR.shape[:-1] + (1,), -jnp.inf,
