@@ -13,9 +13,11 @@ from absl import logging
 from bpd import checkpoint
 from bpd import decoder as decoder_lib
 from bpd import decoding
+from bpd import draft_vocab
 from bpd import model as model_lib
 from bpd import speculative
 from bpd import trees
+from bpd.data import images
 from bpd.data import pipeline
 from bpd.data import tokenizer as tokenizer_lib
 from bpd.errors import UserError
@@ -47,6 +49,9 @@ def check_model(config) -> None:
   if head_type not in model_lib.HEAD_TYPES:
     raise UserError(f'config.model.head_type={head_type!r} is not one of {model_lib.HEAD_TYPES} (independent: the '
                     'paper\'s heads; sequential: each head also sees the token proposed before it).')
+  # Early, against the configured vocabulary; bpd/draft_vocab.py checks again against the tokenizer's own.
+  draft_vocab.check(config.model.draft_vocab, images.IMAGE_VOCAB_SIZE if config.data.source == 'images'
+                    else config.data.vocab_size)
 
 
 def check_train(config, workdir: str) -> None:

@@ -34,6 +34,7 @@ from bpd import checkpoint
 from bpd import checks
 from bpd import decoder as decoder_lib
 from bpd import decoding
+from bpd import draft_vocab
 from bpd import model as model_lib
 from bpd import report
 from bpd import sharding
@@ -100,6 +101,7 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
   task.write_outputs(os.path.join(out_dir, f'{split}.greedy.b{batch_size}'), greedy_outputs)
   baselines = task.baselines(inputs, references)
   base = {'split': split, 'batch_size': batch_size, 'examples': len(src_ids), 'step': step, 'model_k': model_k,
+          'draft_vocab': len(decoder.model.config.draft_ids),  # 0: the heads propose over the whole vocabulary
           'timing_examples': len(timing_ids), 'timing_repeats': max(timing_repeats, 1),
           'greedy_seconds': greedy_seconds, 'greedy_quality': greedy_scores['quality'],
           'quality_metric': task.quality_metric, **baselines}
@@ -177,9 +179,12 @@ def load_for_decoding(config, workdir: str, task, mesh=None):
   """The newest checkpoint in `workdir` ready to decode as the sweep decodes it: (model_config, params, step,
   tokenizer, decoder), the decoder at config.decode.max_len with the task's EOS (images: none)."""
   model_config, params, step = checkpoint.load_params(workdir, mesh=mesh, step=config.checkpoint_step)
+  tokenizer = task.tokenizer_for_decoding(workdir)
+  # config.model.draft_vocab as set now: model.json's ids, counted ones, or none (bpd/draft_vocab.py)
+  model_config = draft_vocab.for_decoding(config, model_config, task, tokenizer)
   decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh,
                                 eos_id=task.eos_id)
-  return model_config, params, step, task.tokenizer_for_decoding(workdir), decoder
+  return model_config, params, step, tokenizer, decoder
 
 
 def decode_sweep(config, workdir: str) -> list[dict]:

@@ -13,7 +13,8 @@ Methods:
   score(state, tokens, start, tree) -> the same for the N nodes of a candidate tree (bpd/decoding.py, blockwise);
                                   `move_cache` then moves the accepted path's keys and values into place.
   propose(hidden)              -> logits of heads 2..k at one position per row (with head_type='sequential' one
-                                  head after the other, each fed the previous one's argmax).
+                                  head after the other, each fed the previous one's argmax); with a draft
+                                  vocabulary (ModelConfig.draft_ids) projected onto its R rows, -inf elsewhere.
 `decode_fns` wraps the last three as the plain functions that `bpd.decoding` takes; decoding never sees
 this module.
 """
@@ -24,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
+import numpy as np
 
 from bpd import layers
 from bpd.errors import UserError
@@ -94,6 +96,19 @@ class ModelConfig:
   # (layers.MultiOutput, 'token_kernel'). The default keeps model.json files and checkpoints written before this
   # field: independent heads, the same parameter tree. Chains only: tree decoding refuses it (score).
   head_type: str = 'independent'
+  # A truncated draft vocabulary (not in the paper; EAGLE-3, Li et al. 2025, arXiv 2503.01840; FR-Spec, Zhao et al.
+  # 2025): the ids of the config.model.draft_vocab = R most frequent tokens of the training targets, ascending
+  # (bpd/draft_vocab.py counts them). Heads 2..k propose among these only: their projection reads these R rows of the
+  # embedding, not all V (decode_fns gathers them once per decode), and propose still returns [B, k-1, V] logits,
+  # -inf outside the set.
+  # Head 1, which verifies, keeps the whole vocabulary: exact decoding stays greedy's, and speculative sampling stays
+  # exact (q is renormalised over the set, 0 outside it). Decoding only: no parameters, training unchanged.
+  # () = off, so model.json files written before this field load unchanged.
+  draft_ids: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    # model.json stores a list; a tuple keeps the config hashable (a static jit argument)
+    object.__setattr__(self, 'draft_ids', tuple(int(i) for i in self.draft_ids))
 
 
 HEAD_TYPES = ('independent', 'sequential')
@@ -119,6 +134,11 @@ def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelCo
                     'with image_side and image_input_side set (config.model.image_positions=True).')
   if overrides.get('head_type', 'independent') not in HEAD_TYPES:
     raise UserError(f'head_type={overrides["head_type"]!r}: choose one of {HEAD_TYPES} (config.model.head_type).')
+  draft_ids = tuple(overrides.get('draft_ids', ()))
+  if draft_ids and not (len(draft_ids) < vocab_size and list(draft_ids) == sorted(set(draft_ids))
+                        and 0 <= draft_ids[0] and draft_ids[-1] < vocab_size):
+    raise UserError(f'draft_ids: {len(draft_ids)} ids must be distinct, ascending, fewer than vocab_size={vocab_size} '
+                    'and inside it (bpd/draft_vocab.py counts them; set config.model.draft_vocab, not the ids).')
   if overrides.get('attention_block', 0) < 0:
     raise UserError(f'attention_block={overrides["attention_block"]}: use 0 (full causal self-attention) or a '
                     'block size W > 0 (local attention) (config.model.attention_block).')
@@ -370,18 +390,40 @@ class Transformer(nn.Module):
     hidden = hidden if isinstance(hidden, dict) else {'hidden_BxTxD': hidden}
     return logits_BxTxV, dict(hidden, first_BxT=jnp.argmax(logits_BxTxV, axis=-1).astype(jnp.int32)), new_state
 
-  def propose(self, hidden_BxD, split=None):
+  def propose(self, hidden_BxD, split=None, draft_RxD=None):
     """Logits of heads 2..k at one position per row: [B, k-1, V]. (To decode with fewer heads, `first_heads`.)
 
     split: sequential heads' weights cut once per decode (`split_sequential_heads`; decode_fns passes them).
+    draft_RxD: with a draft vocabulary (config.draft_ids), its R rows of the embedding, gathered once per decode
+    (`draft_rows`; decode_fns passes them). Without it they are gathered here.
     """
     if self._sequential():
-      return self._propose_sequential(hidden_BxD, self.config.k, split)
+      return self._propose_sequential(hidden_BxD, self.config.k, split, draft_RxD)
+    prior_BxKm1xV = None
     if isinstance(hidden_BxD, dict):  # with config.output_prior_sigma (score)
-      return self.logits(self.multi_output(hidden_BxD['hidden_BxTxD'])) + hidden_BxD['prior_BxTxKm1xV']
-    return self.logits(self.multi_output(hidden_BxD))
+      hidden_BxD, prior_BxKm1xV = hidden_BxD['hidden_BxTxD'], hidden_BxD['prior_BxTxKm1xV']
+    vectors_BxKm1xD = self.multi_output(hidden_BxD)
+    if not self.config.draft_ids:
+      logits_BxKm1xV = self.logits(vectors_BxKm1xD)
+      return logits_BxKm1xV if prior_BxKm1xV is None else logits_BxKm1xV + prior_BxKm1xV
+    draft_RxD = self._draft_rows() if draft_RxD is None else draft_RxD
+    logits_BxKm1xR = self._draft_logits(vectors_BxKm1xD, draft_RxD, prior_BxKm1xV)
+    return spread_draft_logits(logits_BxKm1xR, self.config.draft_ids, self.config.vocab_size)
 
-  def _propose_sequential(self, hidden, heads, split=None):
+  def _draft_rows(self):
+    """The draft vocabulary's rows of the shared embedding [R, D] (`draft_rows`, from inside the module)."""
+    return jnp.take(self.embed.embedding, np.asarray(self.config.draft_ids, np.int32), axis=0)
+
+  def _draft_logits(self, vector_Bx___xD, draft_RxD, prior_Bx___xV=None):
+    """The tied projection onto the draft vocabulary alone, [..., R], float32 as `logits`: R rows read, not V. The
+    output prior (images) is read at the draft ids."""
+    logits_Bx___xR = jnp.einsum('...d,rd->...r', vector_Bx___xD.astype(draft_RxD.dtype), draft_RxD,
+                                preferred_element_type=jnp.float32)
+    if prior_Bx___xV is not None:
+      logits_Bx___xR = logits_Bx___xR + jnp.take(prior_Bx___xV, np.asarray(self.config.draft_ids), axis=-1)
+    return logits_Bx___xR
+
+  def _propose_sequential(self, hidden, heads, split=None, draft_RxD=None):
     """Sequential heads (head_type='sequential'; Hydra, Ankner et al. 2024) at one position per row: head 2 is fed
     head 1's argmax (hidden['first_BxT'], from score), head n + 2 the argmax of head n + 1. [B, k'-1, V].
 
@@ -390,23 +432,57 @@ class Transformer(nn.Module):
     it runs inside the one model invocation of the iteration, after verification (paper §4's combined step).
     The proposals are argmaxes, as the decode loop's (ties to the lower id). split: the per-head weights and the
     transposed embedding, cut outside the decoding loop (`split_sequential_heads`; decode_fns passes them).
+    With a draft vocabulary (config.draft_ids) each step's projection is [d, R] instead, and its argmax is taken
+    over the R logits: the ids ascend, so ties still go to the lower id.
     """
     hidden_BxD, token_B = hidden['hidden_BxTxD'], hidden['first_BxT']
     prior_BxKm1xV = hidden.get('prior_BxTxKm1xV')
+    draft = self.config.draft_ids
+    if draft:  # the [d, R] projection, cut once per decode when split comes from decode_fns
+      ids_R = np.asarray(draft, np.int32)
+      draft_DxR = split['draft_DxR'] if split is not None else (
+          self._draft_rows() if draft_RxD is None else draft_RxD).T
     logits = []
     for n in range(heads - 1):
       weights = None if split is None else split['heads'][n]
       vector_BxD = self.multi_output.one_head(hidden_BxD, n, self.token_embedding(token_B), weights)
-      if split is None:
-        logits_BxV = self.logits(vector_BxD)
+      prior_BxX = None if prior_BxKm1xV is None else prior_BxKm1xV[:, n]  # X: R with a draft vocabulary, else V
+      if draft:
+        logits_BxX = jnp.dot(vector_BxD.astype(draft_DxR.dtype), draft_DxR, preferred_element_type=jnp.float32)
+        prior_BxX = None if prior_BxX is None else jnp.take(prior_BxX, ids_R, axis=-1)
+      elif split is None:
+        logits_BxX = self.logits(vector_BxD)
       else:  # the tied projection, with the [D, V] transpose made once per decode rather than once per head
         embedding_DxV = split['embedding_DxV']
-        logits_BxV = jnp.dot(vector_BxD.astype(embedding_DxV.dtype), embedding_DxV, preferred_element_type=jnp.float32)
-      if prior_BxKm1xV is not None:
-        logits_BxV = logits_BxV + prior_BxKm1xV[:, n]
-      token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-      logits.append(logits_BxV)
+        logits_BxX = jnp.dot(vector_BxD.astype(embedding_DxV.dtype), embedding_DxV, preferred_element_type=jnp.float32)
+      if prior_BxX is not None:
+        logits_BxX = logits_BxX + prior_BxX
+      choice_B = jnp.argmax(logits_BxX, axis=-1)
+      token_B = (jnp.asarray(ids_R)[choice_B] if draft else choice_B).astype(jnp.int32)
+      logits.append(logits_BxX)
+    if draft:  # one spread of all k' - 1 heads' logits: a V-float write per head
+      return spread_draft_logits(jnp.stack(logits, axis=1), draft, self.config.vocab_size)
     return jnp.stack(logits, axis=1)
+
+
+def spread_draft_logits(logits_Bx___xR, draft_ids, vocab_size: int) -> jax.Array:
+  """Full-vocabulary logits [..., V] from a draft vocabulary's (config.draft_ids): each draft logit at its id, -inf
+  at every other id, so that the decode loops read propose_fn's [B, k-1, V] as before: an argmax or top-r is a
+  draft id, and q = softmax(logits / T) is renormalised over the draft ids, 0 elsewhere (bpd/draft_vocab.py). One
+  gather of V floats per vector from the R logits and a -inf slot (the ids are static), no weights read."""
+  slot_V = np.full(vocab_size, len(draft_ids), np.int32)  # the -inf slot ...
+  slot_V[np.asarray(draft_ids, np.int32)] = np.arange(len(draft_ids), dtype=np.int32)  # ... except at draft ids
+  padded = jnp.concatenate([logits_Bx___xR, jnp.full(logits_Bx___xR.shape[:-1] + (1,), -jnp.inf,
+                                                     logits_Bx___xR.dtype)], axis=-1)
+  return jnp.take(padded, slot_V, axis=-1)
+
+
+def draft_rows(params: Any, config: ModelConfig) -> jax.Array | None:
+  """The draft vocabulary's rows of the shared embedding, [R, D] in its own dtype (None without one): gathered once
+  per decode, outside its loop (decode_fns), so that an iteration reads R rows, not V, and no gather."""
+  if not config.draft_ids:
+    return None
+  return jnp.take(params['embed']['embedding'], np.asarray(config.draft_ids, np.int32), axis=0)
 
 
 SEQUENTIAL_TREES = (
@@ -416,15 +492,18 @@ SEQUENTIAL_TREES = (
     'of the heads. Decode chains (config.decode.trees=() or \'chain\'), or use a model with independent heads.')
 
 
-def split_sequential_heads(params: Any, num_heads: int) -> dict:
+def split_sequential_heads(params: Any, num_heads: int, draft_RxD=None) -> dict:
   """What sequential proposal heads read in decoding, cut once per decode, outside its loop (decode_fns): each
   head's slices of the multi-output layer's [N, ...] parameters, and the embedding transposed to [D, V] for the
-  tied projection. Inside the loop XLA's CPU backend copied these on every iteration (layers.MultiOutput.one_head).
+  tied projection (with a draft vocabulary, its rows `draft_rows` transposed to [D, R] instead). Inside the loop
+  XLA's CPU backend copied these on every iteration (layers.MultiOutput.one_head).
   """
   heads = params['multi_output']
   names = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias', 'token_kernel')
-  return {'heads': [{name: heads[name][n] for name in names} for n in range(num_heads - 1)],
-          'embedding_DxV': params['embed']['embedding'].T}  # in its own dtype, as Transformer.logits reads it
+  split = {'heads': [{name: heads[name][n] for name in names} for n in range(num_heads - 1)]}
+  if draft_RxD is not None:
+    return dict(split, draft_DxR=draft_RxD.T)
+  return dict(split, embedding_DxV=params['embed']['embedding'].T)  # in its own dtype, as Transformer.logits reads it
 
 
 def previous_tokens(tgt_in_BxT: jax.Array, num: int) -> jax.Array:
@@ -514,11 +593,13 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
   def score_fn(state, tokens_BxT, start_B, tree=None):
     return model.apply(variables, state, tokens_BxT, start_B, tree, method=Transformer.score)
 
-  # Sequential heads: their per-head weights cut here, once, not in every iteration (split_sequential_heads).
+  # Sequential heads: their per-head weights cut here, once, not in every iteration (split_sequential_heads). A draft
+  # vocabulary's embedding rows are gathered here, once, too (draft_rows).
+  draft_RxD = draft_rows(variables['params'], model.config) if model.config.k > 1 else None
   sequential = model.config.k > 1 and model.config.head_type == 'sequential'
-  split = split_sequential_heads(variables['params'], heads) if sequential else None
+  split = split_sequential_heads(variables['params'], heads, draft_RxD) if sequential else None
 
   def propose_fn(hidden_BxD):
-    return model.apply(variables, hidden_BxD, split, method=Transformer.propose)
+    return model.apply(variables, hidden_BxD, split, draft_RxD, method=Transformer.propose)
 
   return init_state, score_fn, propose_fn

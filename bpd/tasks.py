@@ -59,6 +59,8 @@ class Task:
   # (path_png, inputs, references, {setting name: outputs}, examples) -> None: one overview per split (or none)
   write_grid: Callable[[str, Any, Any, dict, int], None]
   model_options: Callable[[Any], dict]  # (config) -> the ModelConfig fields the task sets (image sides, ...)
+  # (config, tokenizer) -> int [V]: how often each id occurs in the training targets (bpd/draft_vocab.py)
+  target_counts: Callable[[Any, Any], np.ndarray]
 
 
 def for_config(config) -> Task:
@@ -120,6 +122,15 @@ def _text_training_data(config, tokenizer):
   return batch_for_step, eval_batches, e_src_ids, eval_tgt
 
 
+def _text_target_counts(config, tokenizer):
+  """Counts of each id in the training targets as training reads them (encode_pairs: EOS included, too-long pairs
+  dropped; the distilled targets with data.distilled_from)."""
+  dc = config.data
+  src, tgt = pipeline.load_split(dc, dc.train_split, config.seed)
+  _, tgt_ids, _ = batching.encode_pairs(tokenizer, src, tgt, dc.max_len)
+  return np.bincount(np.concatenate(tgt_ids), minlength=tokenizer.vocab_size)
+
+
 def _text_decode_examples(config, split, tokenizer):
   src, references = pipeline.load_split(config.data, split, config.seed)
   if config.decode.max_examples:
@@ -150,6 +161,7 @@ TRANSLATION = Task(
     write_grid=lambda path_png, sources, references, outputs_by_name, examples: None,  # the .txt files are the outputs
     # Text has 1D positions (config.model.image_positions is ignored) and none of the image options.
     model_options=lambda config: _refuse_image_options(config, _IMAGE_OPTIONS) or {},
+    target_counts=_text_target_counts,
 )
 
 
@@ -187,6 +199,16 @@ def _image_model_options(config) -> dict:
               colocated_input=bool(m.colocated_input), **prior, **ordinal)
 
 
+def _image_target_counts(config, tokenizer):
+  """Counts of each pixel id in the training targets: the 256 intensities of the 32x32 training images (the ids
+  below images.PIXEL_OFFSET never occur in a target)."""
+  del tokenizer
+  _, highres_Nx32x32x3 = pipeline.load_image_split(config.data, config.data.train_split)
+  counts_V = np.zeros(images.IMAGE_VOCAB_SIZE, np.int64)
+  counts_V[images.PIXEL_OFFSET:] = np.bincount(np.asarray(highres_Nx32x32x3, np.uint8).reshape(-1), minlength=256)
+  return counts_V
+
+
 def _save_images(path, images_Nx32x32x3):
   if jax.process_index() == 0:
     buffer = io.BytesIO()
@@ -215,4 +237,5 @@ SUPERRES = Task(
     write_outputs=_save_images,
     write_grid=evaluate_images.save_grid,
     model_options=_image_model_options,
+    target_counts=_image_target_counts,
 )

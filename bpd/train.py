@@ -42,6 +42,7 @@ from bpd import checkpoint
 from bpd import checks
 from bpd import decoder as decoder_lib
 from bpd import decoding
+from bpd import draft_vocab
 from bpd import losses
 from bpd import metrics
 from bpd import model as model_lib
@@ -330,11 +331,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
   task = tasks.for_config(config)
   tokenizer = task.tokenizer_for_training(config, workdir)
   vocab_size = task.vocab_size(tokenizer)
+  # Counted once, before anything compiles; a resumed run keeps the ids its model.json holds (bpd/draft_vocab.py).
+  stored = checkpoint.read_model_config(workdir).draft_ids if checkpoint.latest_step(workdir) is not None else ()
+  draft_ids = draft_vocab.draft_ids(config, task, tokenizer, vocab_size, stored)
   model_config = model_lib.model_config(config.model.size, vocab_size=vocab_size,
                                         k=1 if tc.regime == 'base' else config.k,
                                         dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,
                                         attention_block=config.model.attention_block,
-                                        head_type=config.model.head_type,
+                                        head_type=config.model.head_type, draft_ids=draft_ids,
                                         **task.model_options(config))
   checks.check_init_from(model_config, tc.init_from if tc.regime != 'base' else '', workdir)
   if jax.process_index() == 0:

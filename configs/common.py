@@ -22,6 +22,10 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   model.head_type      independent (the paper's proposal heads) | sequential (head i + 1 also sees the token
                        proposed for the position before, teacher-forced in training; Hydra, Ankner et al. 2024;
                        chains only, no trees: bpd/model.py ModelConfig.head_type).
+  model.draft_vocab    R > 0: the proposal heads draft from the R most frequent training target tokens only (their
+                       projection reads R rows, not V; verification keeps the whole vocabulary, so exact decoding
+                       stays greedy's); 0 = off. Counted at training, kept in model.json; at decode time this
+                       field decides (bpd/draft_vocab.py). Not in the paper: EAGLE-3, FR-Spec.
   model.ordinal_pixel_init  images: initialize the 256 intensity embeddings as sinusoids of the intensity, so that
                        nearby intensities start out alike (not in the paper; layers.ordinal_pixel_embedding_init).
   data.source          synthetic | text | tfds (translation) | images (CelebA 8x8 -> 32x32).
@@ -152,6 +156,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.model.ordinal_pixel_init = False  # images: nearby intensities start with nearby embeddings (not paper)
   c.model.output_prior_sigma = 0.0  # images: > 0, width of a log-prior around the bicubic input (not paper)
   c.model.head_type = 'independent'  # the paper's heads; 'sequential': each head sees the previous proposal (Hydra)
+  c.model.draft_vocab = 0  # R > 0: heads draft from the R most frequent target tokens (bpd/draft_vocab.py); 0 = off
 
   c.data = ml_collections.ConfigDict()
   c.data.source = 'synthetic'

@@ -37,6 +37,7 @@ from the TPU compiler's cost analysis and the chip's published peaks. An ESTIMAT
       --tpu=v5e,v4 --tpu_sizes=small,base --json=bench.json
 """
 
+import dataclasses
 import functools
 import json
 import statistics
@@ -50,6 +51,7 @@ import numpy as np
 
 from bpd import decoder as decoder_lib
 from bpd import decoding
+from bpd import draft_vocab
 from bpd import errors
 from bpd import model as model_lib
 from bpd import timing
@@ -69,6 +71,9 @@ if __name__ == '__main__':
   _SRC_LEN = flags.DEFINE_integer('src_len', 24, 'Source length.')
   _HEAD_HIDDEN = flags.DEFINE_integer('head_hidden', 0, 'Hidden width of each proposal head (model.head_hidden; '
                                       '0 = d_ff, the paper\'s multi-output layer).')
+  _DRAFT_VOCAB = flags.DEFINE_list('draft_vocab', [], 'Also time blockwise iterations whose heads draft from a '
+                                   'truncated vocabulary of each of these sizes R (model.draft_vocab; evenly spaced '
+                                   'ids, random weights), alternating with greedy and the full-vocabulary heads.')
   _REPEATS = flags.DEFINE_integer('repeats', 7, 'Alternating timed runs per (k, batch) row (medians reported).')
   _TPU = flags.DEFINE_list('tpu', [], 'TPU chips (v5e, v4) to estimate each row for, by compiling for them with libtpu '
                            "(pip install -e '.[tpu]'; no TPU needed). Empty: no estimate.")
@@ -115,7 +120,9 @@ def shape_count(c: model_lib.ModelConfig, *, batch: int, new_tokens: int, cache_
   """FLOPs and minimum bytes of one decoder call from the shapes (see the module docstring).
 
   new_tokens = T positions per row through the decoder; projections = vectors per row projected onto the
-  vocabulary; proposal_heads = heads of the multi-output layer evaluated (at one position per row).
+  vocabulary; proposal_heads = heads of the multi-output layer evaluated (at one position per row). With a draft
+  vocabulary (c.draft_ids) the proposal_heads of the projections read its R rows instead of V (gathered once per
+  decode: R more rows of weights read, beside the full embedding that verification reads).
   With local attention (attention_block W) a call reads only its window of 2W + T cache slots (layers.key_window).
   Returns {'flops', 'weight_bytes', 'cache_bytes', 'bytes'}.
   """
@@ -123,13 +130,15 @@ def shape_count(c: model_lib.ModelConfig, *, batch: int, new_tokens: int, cache_
   if c.attention_block:
     cache_len = min(cache_len, 2 * c.attention_block + new_tokens)
   head_f = c.head_hidden or f
+  rows = len(c.draft_ids) or v  # rows each proposal projection reads
   # Per position and decoder layer: self q, k, v, out (4 d²), cross q, out (2 d²; cross keys/values are cached),
   # feed-forward (2 d f), attention over the whole cache and the source (scores and weighted sum: 2 L d + 2 S d).
   layer_macs = 6 * d * d + 2 * d * f + 2 * cache_len * d + 2 * src_len * d
-  macs = batch * (new_tokens * c.num_decoder_layers * layer_macs + projections * v * d
-                  + proposal_heads * 2 * d * head_f)
+  macs = batch * (new_tokens * c.num_decoder_layers * layer_macs + (projections - proposal_heads) * v * d
+                  + proposal_heads * rows * d + proposal_heads * 2 * d * head_f)
   layer_weights = 6 * d * d + 2 * d * f
-  weights = c.num_decoder_layers * layer_weights + v * d + proposal_heads * 2 * d * head_f
+  draft_weights = len(c.draft_ids) * d if proposal_heads else 0
+  weights = c.num_decoder_layers * layer_weights + v * d + draft_weights + proposal_heads * 2 * d * head_f
   cache = batch * c.num_decoder_layers * 2 * (cache_len + src_len) * d  # self and cross keys and values
   return {'flops': 2.0 * macs, 'weight_bytes': F32 * weights, 'cache_bytes': F32 * cache,
           'bytes': F32 * (weights + cache)}
@@ -137,8 +146,21 @@ def shape_count(c: model_lib.ModelConfig, *, batch: int, new_tokens: int, cache_
 
 # -- the benchmark --------------------------------------------------------------------------------------------
 
-def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=0, peaks=None):
-  """Returns a list of {k, batch_size, greedy_step_s, block_step_s, ratio, ...accounting} records."""
+def draft_model(model, size: int):
+  """`model` with a draft vocabulary of `size` evenly spaced ids (0: `model` itself); for timing, the ids of a
+  random model do not matter, only how many."""
+  if not size:
+    return model
+  ids = tuple(int(i) for i in np.linspace(0, model.config.vocab_size - 1, size).round())
+  return model_lib.Transformer(dataclasses.replace(model.config, draft_ids=ids))
+
+
+def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=0, peaks=None, draft_sizes=()):
+  """Returns a list of {k, batch_size, draft_vocab, greedy_step_s, block_step_s, ratio, ...accounting} records.
+
+  draft_sizes: for each k and batch, besides the full-vocabulary heads (draft_vocab 0), the same iteration with a
+  draft vocabulary of each of these sizes (`draft_model`), all timed alternately with the same greedy runs.
+  """
   cache_len = decoder_lib.cache_len(max_len, block=max(k_values))  # one cache for greedy and every k
   c = model.config
 
@@ -157,9 +179,9 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
     _, score_fn, _ = model_lib.decode_fns(model, params)
     return decoding.greedy(score_fn, state, fixed=fixed(state))[0]
 
-  @functools.partial(jax.jit, static_argnames='k')
-  def run_block(params, state, k):
-    _, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
+  @functools.partial(jax.jit, static_argnames=('k', 'block_model'))
+  def run_block(params, state, k, block_model=model):
+    _, score_fn, propose_fn = model_lib.decode_fns(block_model, params, num_heads=k)
     result = decoding.blockwise(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed(state),
                                 tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))
     return result.tokens_BxL, result.invocations
@@ -202,36 +224,39 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
     print(f'batch {batch_size}: XLA counts the whole {max_len}-step greedy loop at {loop_flops / greedy_flops:.2f} x '
           'one step: a while_loop body is counted once, so costs below come from steps compiled alone.')
     for k in k_values:
-      g_seconds, b_seconds = timing.time_alternating(
-          [lambda: run_greedy(params, state), lambda k=k: run_block(params, state, k=k)], repeats,
+      variants = [(size, draft_model(model, size)) for size in (0, *draft_sizes)]
+      g_seconds, *variant_seconds = timing.time_alternating(
+          [lambda: run_greedy(params, state)]
+          + [lambda k=k, m=m: run_block(params, state, k=k, block_model=m) for _, m in variants], repeats,
           f'bench k={k} batch={batch_size}')
-      iterations = int(run_block(params, state, k=k)[1]) - 1  # the first invocation only proposes
-      greedy_s = g_seconds / max_len
-      block_s = (b_seconds - greedy_s) / iterations
-      model_k, params_k = model_lib.first_heads(model, params, k)
-      block_flops, block_bytes = xla_cost(block_step, params_k, block_carry(params_k, state, model_k=model_k, k=k),
-                                          model_k=model_k, k=k)
-      block_count = shape_count(c, batch=batch_size, new_tokens=k, cache_len=cache_len, src_len=src_len,
-                                projections=2 * k - 1, proposal_heads=k - 1)
-      roof = lambda count, bandwidth='peak_gbyte_s': max(count['flops'] / (peaks['peak_gflop_s'] * 1e9),
-                                                         count['bytes'] / (peaks[bandwidth] * 1e9))
-      records.append({
-          'k': k, 'batch_size': batch_size, 'greedy_step_s': greedy_s, 'block_step_s': block_s,
-          'ratio': block_s / greedy_s, 'iterations': iterations, 'max_len': max_len, 'cache_len': cache_len,
-          'src_len': src_len, 'repeats': repeats,
-          'greedy_flops_xla': greedy_flops, 'greedy_bytes_xla': greedy_bytes,
-          'block_flops_xla': block_flops, 'block_bytes_xla': block_bytes,
-          'greedy_flops_count': greedy_count['flops'], 'greedy_bytes_count': greedy_count['bytes'],
-          'block_flops_count': block_count['flops'], 'block_bytes_count': block_count['bytes'],
-          'block_weight_bytes_count': block_count['weight_bytes'],
-          'greedy_gflop_s': greedy_count['flops'] / greedy_s / 1e9,
-          'block_gflop_s': block_count['flops'] / block_s / 1e9,
-          'greedy_gbyte_s': greedy_count['bytes'] / greedy_s / 1e9,
-          'block_gbyte_s': block_count['bytes'] / block_s / 1e9,
-          'greedy_roofline_s': roof(greedy_count), 'block_roofline_s': roof(block_count),
-          'roofline_ratio': roof(block_count) / roof(greedy_count),
-          'roofline_ratio_cached': roof(block_count, 'cached_gbyte_s') / roof(greedy_count, 'cached_gbyte_s'),
-          **peaks})
+      for (size, block_model), b_seconds in zip(variants, variant_seconds):
+        iterations = int(run_block(params, state, k=k, block_model=block_model)[1]) - 1  # the first only proposes
+        greedy_s = g_seconds / max_len
+        block_s = (b_seconds - greedy_s) / iterations
+        model_k, params_k = model_lib.first_heads(block_model, params, k)
+        block_flops, block_bytes = xla_cost(block_step, params_k, block_carry(params_k, state, model_k=model_k, k=k),
+                                            model_k=model_k, k=k)
+        block_count = shape_count(block_model.config, batch=batch_size, new_tokens=k, cache_len=cache_len,
+                                  src_len=src_len, projections=2 * k - 1, proposal_heads=k - 1)
+        roof = lambda count, bandwidth='peak_gbyte_s': max(count['flops'] / (peaks['peak_gflop_s'] * 1e9),
+                                                           count['bytes'] / (peaks[bandwidth] * 1e9))
+        records.append({
+            'k': k, 'batch_size': batch_size, 'draft_vocab': size, 'greedy_step_s': greedy_s,
+            'block_step_s': block_s, 'ratio': block_s / greedy_s, 'iterations': iterations, 'max_len': max_len,
+            'cache_len': cache_len, 'src_len': src_len, 'repeats': repeats,
+            'greedy_flops_xla': greedy_flops, 'greedy_bytes_xla': greedy_bytes,
+            'block_flops_xla': block_flops, 'block_bytes_xla': block_bytes,
+            'greedy_flops_count': greedy_count['flops'], 'greedy_bytes_count': greedy_count['bytes'],
+            'block_flops_count': block_count['flops'], 'block_bytes_count': block_count['bytes'],
+            'block_weight_bytes_count': block_count['weight_bytes'],
+            'greedy_gflop_s': greedy_count['flops'] / greedy_s / 1e9,
+            'block_gflop_s': block_count['flops'] / block_s / 1e9,
+            'greedy_gbyte_s': greedy_count['bytes'] / greedy_s / 1e9,
+            'block_gbyte_s': block_count['bytes'] / block_s / 1e9,
+            'greedy_roofline_s': roof(greedy_count), 'block_roofline_s': roof(block_count),
+            'roofline_ratio': roof(block_count) / roof(greedy_count),
+            'roofline_ratio_cached': roof(block_count, 'cached_gbyte_s') / roof(greedy_count, 'cached_gbyte_s'),
+            **peaks})
   return records
 
 
@@ -277,17 +302,19 @@ def format_table(records, title='', tpu_chips=(), tpu_sizes=()):
   """The records as a markdown table; one more column per TPU chip, its estimated ratio for each of tpu_sizes."""
   lines = [title] if title else []
   tpu_headers = [f"TPU {chip} ESTIMATE: ratio ({'; '.join(tpu_sizes)})" for chip in tpu_chips]
-  lines += ['| k | batch | greedy step (ms) | blockwise iteration (ms) | ratio | roofline ratio (memory; L3) | '
+  lines += ['| k | batch | draft vocab | greedy step (ms) | blockwise iteration (ms) | ratio | '
+            'roofline ratio (memory; L3) | '
             'ratio / roofline ratio | '
             + ''.join(f'{h} | ' for h in tpu_headers) +
             'GFLOP greedy / iter (XLA; count) | MB greedy / iter (XLA; weights+cache) | '
             'achieved GFLOP/s greedy / iter | achieved GB/s greedy / iter |',
-            '|---' * (11 + len(tpu_headers)) + '|']
+            '|---' * (12 + len(tpu_headers)) + '|']
   for r in records:
     tpu = ''.join('; '.join(f"{r[f'tpu_{chip}_{size}_ratio']:.2f}" for size in tpu_sizes) + ' | '
                   for chip in tpu_chips)
     lines.append(
-        f"| {r['k']} | {r['batch_size']} | {1e3 * r['greedy_step_s']:.2f} | {1e3 * r['block_step_s']:.2f} | "
+        f"| {r['k']} | {r['batch_size']} | {r.get('draft_vocab') or '-'} | {1e3 * r['greedy_step_s']:.2f} | "
+        f"{1e3 * r['block_step_s']:.2f} | "
         f"{r['ratio']:.2f} | {r['roofline_ratio']:.2f}; {r['roofline_ratio_cached']:.2f} | "
         f"{r['ratio'] / r['roofline_ratio']:.2f} | {tpu}"
         f"{r['greedy_flops_xla'] / 1e9:.3f} / {r['block_flops_xla'] / 1e9:.3f} "
@@ -325,6 +352,14 @@ def main(argv):
   # First, so that a missing libtpu or a bad name stops the command before it measures anything.
   chip_devices, tpu_configs = tpu_setup(_TPU.value, tpu_sizes, vocab_size, max(k_values),
                                         _HEAD_HIDDEN.value)
+  draft_sizes = [int(size) for size in _DRAFT_VOCAB.value]
+  for size in draft_sizes:
+    draft_vocab.check(size, vocab_size)
+    if not size:
+      raise errors.UserError('--draft_vocab=0: the full-vocabulary heads are always timed; list sizes R >= 1 only.')
+  if draft_sizes and chip_devices:
+    raise errors.UserError('--draft_vocab and --tpu: the TPU estimate compiles full-vocabulary heads only; run them '
+                           'separately.')
   model_config = model_lib.model_config(config.model.size, vocab_size=vocab_size, k=max(k_values),
                                         dropout_rate=0.0, dtype=config.model.dtype, head_hidden=_HEAD_HIDDEN.value,
                                         head_type=config.model.head_type,
@@ -333,7 +368,7 @@ def main(argv):
   params = model_lib.init_params(model_config, jax.random.PRNGKey(0))
   peaks = machine_peaks()
   records = bench(model, params, k_values, [int(b) for b in _BATCH_SIZES.value], _MAX_LEN.value, _SRC_LEN.value,
-                  _REPEATS.value, peaks=peaks)
+                  _REPEATS.value, peaks=peaks, draft_sizes=draft_sizes)
   add_tpu_estimates(records, chip_devices, tpu_configs)
   c = model_config
   title = (f'model {config.model.size}: d={c.d_model}, {c.num_encoder_layers}+{c.num_decoder_layers} layers, '

@@ -21,3 +21,20 @@ def test_shape_count_matches_xla_cost_analysis_and_records_keep_their_fields():
     assert 0.8 < r['block_flops_xla'] / r['block_flops_count'] < 1.25, r
     assert r['block_flops_count'] > r['greedy_flops_count']
   assert bench_decode.format_table(records).count('\n') == len(records) + 1
+
+
+def test_draft_vocabulary_rows_are_timed_beside_the_full_heads_and_counted():
+  """--draft_vocab: each (k, batch) gets a row per draft size beside the full-vocabulary one, and the shape count of
+  an iteration whose proposals read R rows instead of V still agrees with XLA's."""
+  config = model_lib.model_config('tiny', vocab_size=300, k=3, dropout_rate=0.0)
+  model = model_lib.Transformer(config)
+  params = model_lib.init_params(config, jax.random.PRNGKey(0))
+  peaks = {'peak_gflop_s': 100.0, 'peak_gbyte_s': 10.0, 'cached_gbyte_s': 40.0}
+  records = bench_decode.bench(model, params, [3], [1], max_len=6, src_len=6, repeats=1, peaks=peaks,
+                               draft_sizes=[30])
+  assert [(r['k'], r['draft_vocab']) for r in records] == [(3, 0), (3, 30)]
+  full, draft = records
+  assert full['greedy_step_s'] == draft['greedy_step_s']  # one greedy timing, alternated with both
+  assert 0.8 < draft['block_flops_xla'] / draft['block_flops_count'] < 1.25, draft
+  assert draft['block_flops_count'] < full['block_flops_count']
+  assert '| 3 | 1 | 30 |' in bench_decode.format_table(records)

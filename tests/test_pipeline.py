@@ -371,3 +371,26 @@ def test_cli_prints_one_clear_line_and_no_traceback(tmp_path):
   assert proc.returncode != 0
   assert 'error: config.k=0' in err
   assert 'Traceback' not in err
+
+
+def test_draft_vocabulary_is_counted_stored_and_decoded_exactly(trained, tmp_path):
+  """config.model.draft_vocab end to end (bpd/draft_vocab.py): training counts the ids on the training targets and
+  writes them into model.json; a decode reads them, or counts them for a model trained without; 0 turns the draft
+  vocabulary off at decode time; the exact rows stay identical to greedy."""
+  from bpd import draft_vocab  # pylint: disable=g-import-not-at-top
+  from bpd import tasks  # pylint: disable=g-import-not-at-top
+  base_dir, heads_dir = trained
+  draft_dir = str(tmp_path / 'draft')
+  config = tiny_config(**{'k': 3, 'train.regime': 'finetune', 'train.init_from': base_dir, 'train.num_steps': 2,
+                          'model.draft_vocab': 50, 'decode.ks': (3,), 'decode.criteria': ('exact',)})
+  train.train_and_evaluate(config, draft_dir)
+  stored = checkpoint.read_model_config(draft_dir).draft_ids
+  task = tasks.for_config(config)
+  tokenizer = task.tokenizer_for_decoding(base_dir)  # both runs took the base's tokenizer
+  assert stored == draft_vocab.most_frequent(task.target_counts(config, tokenizer), 50)
+  assert evaluate.load_for_decoding(config, heads_dir, task)[4].model.config.draft_ids == stored  # counted
+  off = common.override(config, **{'model.draft_vocab': 0})
+  assert evaluate.load_for_decoding(off, draft_dir, task)[4].model.config.draft_ids == ()
+  records = evaluate.decode_sweep(config, draft_dir)
+  assert [(r['criterion'], r['draft_vocab'], r['identical_to_greedy']) for r in records] == [
+      ('greedy', 50, 1.0), ('exact', 50, 1.0)]
