@@ -181,8 +181,10 @@ def check_decode(config, workdir: str, model_config) -> list:
 
 
 def _check_trees(config, workdir: str, model_config) -> list:
-  """(what, tree, spec) for every spec of config.decode.trees (bpd/trees.py); UserError for a bad spec, for a
-  missing WORKDIR/trees.json, for images, for a plain model or for static trees with sequential heads."""
+  """(what, tree, spec) for every spec of config.decode.trees (bpd/trees.py) at every k' >= 2 of config.decode.ks
+  (a tree of k' heads: depth k'; 'chain' is the ks chains themselves); UserError for a bad spec, for a missing
+  WORKDIR/trees.json, for images, for a plain model or for static trees with sequential heads. A spec that cannot
+  be built with k' heads (more nodes than k' heads offer) is left out at that k', logged."""
   specs, model_k = tuple(config.decode.trees), model_config.k
   if not specs:
     return []
@@ -192,13 +194,20 @@ def _check_trees(config, workdir: str, model_config) -> list:
   if model_k < 2:
     raise UserError(f'config.decode.trees={specs}: the model in {workdir} has k=1, no proposal heads to build a tree '
                     'from. Train heads first (config.train.regime=frozen or finetune).')
+  ks = [k for k in config.decode.ks if 2 <= k <= model_k]
   out = []
   for spec in specs:
-    tree = trees.parse_tree_spec(spec, model_k, workdir, model_config.vocab_size)
+    tree = trees.parse_tree_spec(spec, model_k, workdir, model_config.vocab_size)  # raises for a bad spec
     if not tree_runs_on(tree, model_config.head_type):
       raise UserError(f'config.decode.trees={specs}, and the model in {workdir} has sequential heads. '
                       + model_lib.SEQUENTIAL_TREES)
-    out.append((spec, tree, spec))
+    if spec == 'chain':
+      continue  # the chains of config.decode.ks
+    for k in ks:
+      try:
+        out.append((f'{spec} k={k}', trees.parse_tree_spec(spec, k, workdir, model_config.vocab_size), spec))
+      except UserError as e:
+        logging.info('Left out of the sweep: tree %s with k\'=%d heads (%s).', spec, k, e)
   return out
 
 

@@ -311,8 +311,9 @@ def top_r_agreement(model, params, src_ids, greedy_ids, batch_size, ranks: int) 
 
 def exact_block_size(decoder, params, src_ids, k, batch_size) -> float:
   """Mean accepted block size of exact blockwise decoding with all k heads on `src_ids` (what acceptance is)."""
-  results, _ = decoder_lib.run_batches(lambda src: decoder.blockwise(params, src, k=k, criterion=decoding.Criterion()),
-                                    src_ids, batch_size)
+  chain = decoder_lib.chain(k)
+  results, _ = decoder_lib.run_batches(lambda src: decoder.blockwise(params, src, decoding.EXACT, chain), src_ids,
+                                       batch_size)
   tokens = sum(int(r.length_B) for r in results)
   return tokens / max(sum(int(r.iterations_B) for r in results), 1)
 

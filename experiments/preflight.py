@@ -105,7 +105,8 @@ def preflight(config, devices) -> list[dict]:
   # The jitted loop takes the first k heads' parameters (Decoder._heads cuts them once, outside it).
   params_k = jax.eval_shape(lambda p: model_lib.first_heads(model, p, k)[1], params)
   compiled = decoder._blockwise_jit.lower(  # pylint: disable=protected-access  (the jitted loop itself)
-      abstract(params_k, state_sharding['params']), src, k=k, criterion=decoding.Criterion()).compile()
+      abstract(params_k, state_sharding['params']), src, decoding.EXACT, jax.random.PRNGKey(0),
+      tree=decoder_lib.chain(k)).compile()
   records.append({'program': f'decode loop, k={k}', 'shape': f'batch {decode_batch} x {decode_src}, '
                   f'max_len {config.decode.max_len}', **per_chip_bytes(compiled)})
   return records
