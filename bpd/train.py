@@ -318,6 +318,18 @@ def exact_block_size(decoder, params, src_ids, k, batch_size) -> float:
   return tokens / max(sum(int(r.iterations_B) for r in results), 1)
 
 
+def _stored_draft_ids(workdir: str) -> tuple[int, ...]:
+  """The draft ids a resumed run's model.json holds; () when there is none or it cannot be read, and the ids are
+  counted again (the count is deterministic, and training rewrites model.json: the advice of read_model_config)."""
+  if checkpoint.latest_step(workdir) is None:
+    return ()
+  try:
+    return tuple(checkpoint.read_model_config(workdir).draft_ids)
+  except UserError as e:
+    logging.warning('Counting the draft vocabulary again: %s', e)
+    return ()
+
+
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains (resuming if the workdir has a checkpoint); returns the last evaluation metrics."""
   checks.check_train(config, workdir)
@@ -333,7 +345,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   tokenizer = task.tokenizer_for_training(config, workdir)
   vocab_size = task.vocab_size(tokenizer)
   # Counted once, before anything compiles; a resumed run keeps the ids its model.json holds (bpd/draft_vocab.py).
-  stored = checkpoint.read_model_config(workdir).draft_ids if checkpoint.latest_step(workdir) is not None else ()
+  stored = _stored_draft_ids(workdir) if config.model.draft_vocab else ()
   draft_ids = draft_vocab.draft_ids(config, task, tokenizer, vocab_size, stored)
   model_config = model_lib.model_config(config.model.size, vocab_size=vocab_size,
                                         k=1 if tc.regime == 'base' else config.k,

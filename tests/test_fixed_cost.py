@@ -53,10 +53,10 @@ def test_one_device_mesh_decodes_the_host_batch_as_it_is():
   mesh = sharding.make_mesh(1)
   on_mesh = decoder_lib.Decoder(model, 6, mesh)
   assert isinstance(on_mesh._put(src), np.ndarray)  # pylint: disable=protected-access
-  tokens, length = jax.device_get(on_mesh.greedy(sharding.replicate(params, mesh), src))
-  want_tokens, want_length = jax.device_get(decoder_lib.Decoder(model, 6).greedy(params, jnp.asarray(src)))
-  np.testing.assert_array_equal(tokens, want_tokens)
-  np.testing.assert_array_equal(length, want_length)
+  got = jax.device_get(on_mesh.greedy(sharding.replicate(params, mesh), src))
+  want = jax.device_get(decoder_lib.Decoder(model, 6).greedy(params, jnp.asarray(src)))
+  np.testing.assert_array_equal(got.tokens_BxL, want.tokens_BxL)
+  np.testing.assert_array_equal(got.length_B, want.length_B)
 
 
 def test_fit_and_the_whole_call_timeline_of_a_jitted_loop():
