@@ -22,12 +22,20 @@ COLUMNS = [
 ]
 
 
-def markdown_table(records, columns=COLUMNS) -> str:
+def markdown_table(records, columns=COLUMNS, header=True) -> str:
+  """The one markdown table of the project: one row per record (a dict), one column per (key, title, fmt).
+
+  A cell is fmt.format(record[key]), empty where the record lacks key; or, where fmt is a function, fmt(record): a
+  cell drawn from several keys. 'quality' in a title becomes the records' quality metric (BLEU, PSNR).
+  header=False gives the rows alone and markdown_table([], columns) the header alone, for a table printed row by row
+  as it is measured.
+  """
   metric = records[0].get('quality_metric', 'quality') if records else 'quality'
-  header = [title.replace('quality', metric) for _, title, _ in columns]
-  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(columns)]
+  row = lambda cells: '| ' + ' | '.join(cells) + ' |'
+  lines = [row([title.replace('quality', metric) for _, title, _ in columns]), '|' + '---|' * len(columns)]
+  lines = lines if header else []
   for r in records:
-    lines.append('| ' + ' | '.join(fmt.format(r[key]) if key in r else '' for key, _, fmt in columns) + ' |')
+    lines.append(row([fmt(r) if callable(fmt) else fmt.format(r[key]) if key in r else '' for key, _, fmt in columns]))
   return '\n'.join(lines)
 
 
@@ -102,16 +110,18 @@ def paper_table(records, row_keys=('model', 'criterion')) -> str:
   """
   ks = sorted({r['k'] for r in records})
   metric = records[0].get('quality_metric', 'quality') if records else 'quality'
-  header = list(row_keys) + [f'k={k}' for k in ks]
-  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   groups = collections.OrderedDict()
   for r in records:
     groups.setdefault(tuple(r[key] for key in row_keys), {})[r['k']] = r
-  for key, by_k in groups.items():
-    cells = [f"{r['quality']:.2f} / {r['mean_accepted_block_size']:.2f} / {r['speedup']:.2f}x" if r else ''
-             for r in (by_k.get(k) for k in ks)]
-    lines.append('| ' + ' | '.join(map(str, key)) + ' | ' + ' | '.join(cells) + ' |')
-  return f'cells: {metric} / mean accepted block size / wall-clock speedup\n\n' + '\n'.join(lines)
+
+  def cell(by_k, k):
+    r = by_k.get(k)
+    return f"{r['quality']:.2f} / {r['mean_accepted_block_size']:.2f} / {r['speedup']:.2f}x" if r else ''
+
+  columns = [(i, key, '{}') for i, key in enumerate(row_keys)]
+  columns += [(None, f'k={k}', lambda g, k=k: cell(g['by_k'], k)) for k in ks]
+  rows = [{**dict(enumerate(key)), 'by_k': by_k} for key, by_k in groups.items()]
+  return f'cells: {metric} / mean accepted block size / wall-clock speedup\n\n' + markdown_table(rows, columns)
 
 
 def plot_models(records, path, key='mean_accepted_block_size', title=''):
