@@ -122,3 +122,9 @@ def set_defaults(defaults: dict) -> None:
   message = _unloadable_config()
   if message is not None:
     _exit_with(message)
+
+
+def per_mode_help(mode_defaults: dict, name: str, option: str = 'mode') -> str:
+  """The end of a flag's help whose default set_defaults gives per mode: 'Default per --mode: a 1,2; b 4.'"""
+  return (f'Default per --{option}: ' + '; '.join(f'{mode} {d[name] or "(empty)"}' for mode, d in mode_defaults.items()
+                                                if name in d) + '.')

@@ -197,7 +197,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.ks = (1, 2, 4, 6, 8, 10)  # heads used, each <= k; greedy is always decoded as the baseline
   c.decode.criteria = ('exact', 'top_k:2')
   # Tree decoding (bpd/trees.py; translation only): 'chain', 'comb:R', 'dense:R', 'nodes:N' (from WORKDIR/trees.json,
-  # python -m experiments.choose_tree), each with every criterion. () = chains only, as in the paper.
+  # python -m experiments.diagnostics --mode=choose_tree), each with every criterion. () = chains only, as in the paper.
   c.decode.trees = ()
   c.decode.batch_sizes = (32,)
   c.decode.max_len = 64  # longest output, EOS included

@@ -184,10 +184,7 @@ MODE_DEFAULTS = {
     'trees': {'batch_sizes': '1,32', 'split': 'test', 'examples': '0', 'repeats': '1'},
 }
 
-
-def _defaults(name):
-  return 'Default per --mode: ' + '; '.join(f'{m} {d[name] or "(empty)"}' for m, d in MODE_DEFAULTS.items()
-                                            if name in d) + '.'
+_defaults = functools.partial(errors.per_mode_help, MODE_DEFAULTS)
 
 
 # Flags exist only when this file runs as a script: importing it (tests, another script) defines none, so
@@ -1031,12 +1028,12 @@ def draw_tree(paths, path: str, title: str = ''):
     ax_tree.scatter([x], [y[n]], s=160, color='tab:blue' if paths[n][-1] == 0 else 'tab:orange', zorder=2)
     ax_tree.text(x, y[n], str(paths[n][-1]), ha='center', va='center', color='white', fontsize=7, zorder=3)
   ax_tree.scatter([0], [np.mean(list(y.values()))], s=160, color='black', zorder=2)
-  ax_tree.set_xticks(range(layout['path_NxD'].shape[1] + 1))
-  ax_tree.set_xticklabels(['j (last\naccepted)'] + [f'head {d + 1}' for d in range(layout['path_NxD'].shape[1])])
+  ax_tree.set_xticks(range(layout.path_NxD.shape[1] + 1))
+  ax_tree.set_xticklabels(['j (last\naccepted)'] + [f'head {d + 1}' for d in range(layout.path_NxD.shape[1])])
   ax_tree.set_yticks([])
   ax_tree.invert_yaxis()
   ax_tree.set_title('tree: rank of the head\'s choice at each node')
-  ax_mask.imshow(layout['ancestor_NxN'], cmap='Greys', interpolation='nearest')
+  ax_mask.imshow(layout.ancestor_NxN, cmap='Greys', interpolation='nearest')
   ax_mask.set_xlabel('key: tree node (slot start + m)')
   ax_mask.set_ylabel('query: tree node n')
   ax_mask.set_title('attention among the nodes (plus the whole prefix)')
