@@ -145,7 +145,8 @@ def plot_models(records, path, key='mean_accepted_block_size', title=''):
 
 
 def write_study(rows, root: str, columns, preface: str = '') -> None:
-  """The files of a study (experiments/*_study.py) from the records of all its models (each with 'model').
+  """The files of a study (experiments/study.py --plan=translation|superres) from the records of all its models
+  (each with 'model').
 
   root/study.md (every row, `columns`), study.json, study.csv, study_paper.md (`preface`, then one paper_table per
   split and batch size) and study_<split>_b<batch>_<model>.png (one plot per k-head model).

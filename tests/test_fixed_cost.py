@@ -79,7 +79,7 @@ def test_fit_and_the_whole_call_timeline_of_a_jitted_loop():
 
 
 def test_matmul_floor_step_reads_every_weight_matrix_at_the_iterations_shapes():
-  """The matmul-only program of experiments/bench_decode.py --mode=matmul_floor: a step keeps x's shape, and an iteration's program
+  """The matmul-only program of bench_decode --mode=matmul_floor: a step keeps x's shape, and an iteration's program
   multiplies by every decoder weight matrix, the embedding and the k - 1 heads' kernels."""
   config = model_lib.model_config('tiny', vocab_size=32, k=3, dropout_rate=0.0)
   params = model_lib.init_params(config, jax.random.PRNGKey(0))

@@ -61,8 +61,8 @@ def test_bench_decode_stops_before_measuring_when_libtpu_is_missing(tmp_path):
 
 @needs_libtpu
 def test_tree_rows_get_a_tpu_estimate():
-  """bench_decode --mode=trees --tpu: a tree iteration compiled for a TPU chip costs more FLOPs than the chain's, both more than a
-  greedy step, and the estimated speedup is the row's accepted block over its estimated ratio."""
+  """bench_decode --mode=trees --tpu: a tree iteration compiled for a TPU chip costs more FLOPs than the chain's,
+  both more than a greedy step, and the estimated speedup is the row's accepted block over its estimated ratio."""
   config = model_lib.model_config('tiny', vocab_size=300, k=3, dropout_rate=0.0)
   paths = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
   rows = [{'batch': 2, 'nodes': 3, 'paths': None, 'mean_accepted_block': 2.0, 'tree': 'chain (k=3)',
