@@ -39,6 +39,14 @@ def markdown_table(records, columns=COLUMNS, header=True) -> str:
   return '\n'.join(lines)
 
 
+def save_figure(fig, path, title=''):
+  """The figure under `title`, laid out, written to path (PNG) and closed: pyplot holds every figure until closed."""
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def plot(records, path, title=''):
   """Mean accepted block size, speedup and quality against k; one line per criterion; greedy dashed."""
   by_criterion = collections.defaultdict(list)
@@ -59,10 +67,7 @@ def plot(records, path, title=''):
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
-  fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save_figure(fig, path, title)
 
 
 def plot_acceptance_vs_steps(eval_rows, path, title=''):
@@ -85,10 +90,7 @@ def plot_acceptance_vs_steps(eval_rows, path, title=''):
   for ax in axes:
     ax.set_xlabel('head-training steps')
     ax.grid(alpha=0.3)
-  fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save_figure(fig, path, title)
 
 
 def write(records, out_dir: str, columns=COLUMNS) -> None:

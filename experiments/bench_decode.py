@@ -1037,10 +1037,7 @@ def draw_tree(paths, path: str, title: str = ''):
   ax_mask.set_xlabel('key: tree node (slot start + m)')
   ax_mask.set_ylabel('query: tree node n')
   ax_mask.set_title('attention among the nodes (plus the whole prefix)')
-  fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  report.save_figure(fig, path, title)
 
 
 def bench_trees(config, workdir, split, nodes, batch_sizes, examples, batch1_examples, timing_examples, repeats,

@@ -359,10 +359,7 @@ def plot_curves(dirs, k, path, title):
   for ax in axes:
     ax.set_xlabel('head-training steps (fine-tuning)')
     ax.grid(alpha=0.3)
-  fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  report.save_figure(fig, path, title)
 
 
 def curve(workdir) -> list[dict]:
