@@ -975,7 +975,7 @@ def run_latency(config):
   for src in list({src.shape[1]: src for src in batches}.values()) + batches[:3]:
     greedy(src), blockwise(src)
   rows = {'greedy': [], 'blockwise': []}
-  with timing.no_compiles('latency_fit'):
+  with timing.no_compiles('bench_decode --mode=latency'):
     for _ in range(_REPEATS.value):
       for src in batches:
         for name, fn in (('greedy', greedy), ('blockwise', blockwise)):
