@@ -25,7 +25,7 @@ setuptools.setup(
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6.80", "chex>=0.1.86"],
-        # bench_decode --tpu and experiments/preflight.py: the TPU compiler (libtpu, ~700 MB, the version matching
+        # bench_decode --tpu and bench_scale --mode=preflight: the TPU compiler (libtpu, ~700 MB, the version matching
         # jax) to compile for a TPU topology and read XLA's cost and memory analyses without a TPU. Optional: nothing
         # else needs it.
         "tpu": ["jax[tpu]"],

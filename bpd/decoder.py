@@ -100,7 +100,7 @@ class Decoder:
   def _heads(self, params, k):
     """The first k heads' parameters of `params` (model.first_heads), cut once per params and k, outside the
     jitted decoders: cut inside, every decode call (every sentence at batch 1) copied the kept slices of the
-    multi-output layer, megabytes, before its loop began (experiments/profile_decode.py)."""
+    multi-output layer, megabytes, before its loop began (experiments/bench_decode.py --mode=profile)."""
     if k in (1, self.model.config.k):
       return params
     cached = self._heads_cache.get(k)
@@ -116,7 +116,7 @@ class Decoder:
   def _put(self, src_BxS):
     # On one device the host array goes to the jitted call as it is: jit's own transfer of a numpy argument is
     # cheaper than building a device array first (jnp.asarray dispatches a program of its own, and
-    # shard_global_batch a sharded array), a fixed cost of every call at batch 1 (experiments/fixed_cost.py).
+    # shard_global_batch a sharded array), a fixed cost of every call at batch 1 (bench_decode --mode=fixed_cost).
     if self.mesh is None or self.mesh.size == 1:
       return np.asarray(src_BxS)
     return sharding.shard_global_batch(src_BxS, self.mesh)
@@ -214,8 +214,8 @@ def source_buckets(src_ids) -> tuple:
   """The padded source lengths of a split's batches: every multiple of 8 up to source_bucket(src_ids); a batch is
   padded to the shortest that fits it (batching.eval_batches). At batch 1 a sentence padded to the split's longest
   source ran the encoder over up to 3x its positions (a Multi30k test sentence: median 16 tokens, longest 43), a
-  fixed cost of every sentence that greedy and blockwise both pay (experiments/fixed_cost.py); the price is a
-  compile per bucket and setting."""
+  fixed cost of every sentence that greedy and blockwise both pay (experiments/bench_decode.py --mode=fixed_cost);
+  the price is a compile per bucket and setting."""
   return tuple(range(8, source_bucket(src_ids) + 1, 8))
 
 

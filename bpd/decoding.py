@@ -236,7 +236,7 @@ def argmax(logits_Bx___xV: jax.Array) -> jax.Array:
   With several rows per batch element ([B, k, V]: verification, proposals) it is taken as the top 1 of lax.top_k,
   which XLA's CPU backend ran faster than argmax's (value, index) pair reduction there; with one row per element
   ([B, V], greedy's step) as jnp.argmax, which was faster than top_k there: each loop gets the faster one
-  (experiments/profile_decode.py, experiments/bench_decode.py). Not as max-then-first-index-equal: two reductions
+  (experiments/bench_decode.py, --mode=profile and --mode=ratio). Not as max-then-first-index-equal: two reductions
   that XLA may fuse with two copies of the logits' computation, which can round differently (one contracts a
   multiply-add, the other not), so that no entry equals "the" maximum.
   """

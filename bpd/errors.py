@@ -108,3 +108,23 @@ def define_config_file(name: str, default: str | None, help_string: str):
     return config_flags.DEFINE_config_file(name, default, help_string)
   except _FLAG_ERRORS as e:
     _exit_with(_flag_error_message(e, sys.argv))
+
+
+def set_defaults(defaults: dict) -> None:
+  """Parses defaults[name] (command-line text) into each flag the command line did not set: the defaults of the
+  mode or plan a script runs, where its modes share a flag's name but not its default (--ks, --config)."""
+  for name, text in defaults.items():
+    if not flags.FLAGS[name].present:
+      try:
+        flags.FLAGS[name].parse(text)
+      except _FLAG_ERRORS as e:
+        _exit_with(_flag_error_message(e, sys.argv))
+  message = _unloadable_config()
+  if message is not None:
+    _exit_with(message)
+
+
+def per_mode_help(mode_defaults: dict, name: str, option: str = 'mode') -> str:
+  """The end of a flag's help whose default set_defaults gives per mode: 'Default per --mode: a 1,2; b 4.'"""
+  return (f'Default per --{option}: ' + '; '.join(f'{mode} {d[name] or "(empty)"}' for mode, d in mode_defaults.items()
+                                                if name in d) + '.')

@@ -138,7 +138,7 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype, heads_major=False
   if heads_major:
     # Output heads-major, then transposed: written as one einsum to 'bthk', XLA's CPU backend computed the
     # product as V^T W^T with the cache as the transposed operand, several times slower than the transpose of the
-    # small [B, H, T, K] result (experiments/profile_decode.py).
+    # small [B, H, T, K] result (experiments/bench_decode.py --mode=profile).
     return jnp.swapaxes(jnp.einsum('bhts,bhsk->bhtk', weights_BxHxTxS, v_BxSxHxK), 1, 2)
   return jnp.einsum('bhts,bshk->bthk', weights_BxHxTxS, v_BxSxHxK)
 
@@ -149,7 +149,7 @@ def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Arr
   Why other layouts than training's [B, S, H, K]: each (b, h) product should read its operand as a plain
   row-major matrix, q [T, K] @ keys [K, S] and weights [T, S] @ values [S, K]. With [B, S, H, K] caches XLA's
   CPU backend transposed every layer's whole key cache on every decoding call, and with keys [B, H, S, K] it
-  still copied each layer's key cache to [B, H, K, S] after writing the new keys (experiments/profile_decode.py).
+  still copied each layer's key cache to [B, H, K, S] after writing the new keys (bench_decode --mode=profile).
   """
   return attend(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dtype, heads_major=True)
 

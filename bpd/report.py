@@ -22,13 +22,29 @@ COLUMNS = [
 ]
 
 
-def markdown_table(records, columns=COLUMNS) -> str:
+def markdown_table(records, columns=COLUMNS, header=True) -> str:
+  """The one markdown table of the project: one row per record (a dict), one column per (key, title, fmt).
+
+  A cell is fmt.format(record[key]), empty where the record lacks key; or, where fmt is a function, fmt(record): a
+  cell drawn from several keys. 'quality' in a title becomes the records' quality metric (BLEU, PSNR).
+  header=False gives the rows alone and markdown_table([], columns) the header alone, for a table printed row by row
+  as it is measured.
+  """
   metric = records[0].get('quality_metric', 'quality') if records else 'quality'
-  header = [title.replace('quality', metric) for _, title, _ in columns]
-  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(columns)]
+  row = lambda cells: '| ' + ' | '.join(cells) + ' |'
+  lines = [row([title.replace('quality', metric) for _, title, _ in columns]), '|' + '---|' * len(columns)]
+  lines = lines if header else []
   for r in records:
-    lines.append('| ' + ' | '.join(fmt.format(r[key]) if key in r else '' for key, _, fmt in columns) + ' |')
+    lines.append(row([fmt(r) if callable(fmt) else fmt.format(r[key]) if key in r else '' for key, _, fmt in columns]))
   return '\n'.join(lines)
+
+
+def save_figure(fig, path, title=''):
+  """The figure under `title`, laid out, written to path (PNG) and closed: pyplot holds every figure until closed."""
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def plot(records, path, title=''):
@@ -51,10 +67,7 @@ def plot(records, path, title=''):
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
-  fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save_figure(fig, path, title)
 
 
 def plot_acceptance_vs_steps(eval_rows, path, title=''):
@@ -77,10 +90,7 @@ def plot_acceptance_vs_steps(eval_rows, path, title=''):
   for ax in axes:
     ax.set_xlabel('head-training steps')
     ax.grid(alpha=0.3)
-  fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save_figure(fig, path, title)
 
 
 def write(records, out_dir: str, columns=COLUMNS) -> None:
@@ -102,16 +112,18 @@ def paper_table(records, row_keys=('model', 'criterion')) -> str:
   """
   ks = sorted({r['k'] for r in records})
   metric = records[0].get('quality_metric', 'quality') if records else 'quality'
-  header = list(row_keys) + [f'k={k}' for k in ks]
-  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   groups = collections.OrderedDict()
   for r in records:
     groups.setdefault(tuple(r[key] for key in row_keys), {})[r['k']] = r
-  for key, by_k in groups.items():
-    cells = [f"{r['quality']:.2f} / {r['mean_accepted_block_size']:.2f} / {r['speedup']:.2f}x" if r else ''
-             for r in (by_k.get(k) for k in ks)]
-    lines.append('| ' + ' | '.join(map(str, key)) + ' | ' + ' | '.join(cells) + ' |')
-  return f'cells: {metric} / mean accepted block size / wall-clock speedup\n\n' + '\n'.join(lines)
+
+  def cell(by_k, k):
+    r = by_k.get(k)
+    return f"{r['quality']:.2f} / {r['mean_accepted_block_size']:.2f} / {r['speedup']:.2f}x" if r else ''
+
+  columns = [(i, key, '{}') for i, key in enumerate(row_keys)]
+  columns += [(None, f'k={k}', lambda g, k=k: cell(g['by_k'], k)) for k in ks]
+  rows = [{**dict(enumerate(key)), 'by_k': by_k} for key, by_k in groups.items()]
+  return f'cells: {metric} / mean accepted block size / wall-clock speedup\n\n' + markdown_table(rows, columns)
 
 
 def plot_models(records, path, key='mean_accepted_block_size', title=''):
@@ -135,7 +147,8 @@ def plot_models(records, path, key='mean_accepted_block_size', title=''):
 
 
 def write_study(rows, root: str, columns, preface: str = '') -> None:
-  """The files of a study (experiments/*_study.py) from the records of all its models (each with 'model').
+  """The files of a study (experiments/study.py --plan=translation|superres) from the records of all its models
+  (each with 'model').
 
   root/study.md (every row, `columns`), study.json, study.csv, study_paper.md (`preface`, then one paper_table per
   split and batch size) and study_<split>_b<batch>_<model>.png (one plot per k-head model).

@@ -6,7 +6,8 @@ A tree spec (config.decode.trees) is one of
   'comb:R'     the chain plus, at every depth below the root, the R - 1 next choices of that depth's head;
   'dense:R'    every path of ranks < R below the root, k deep (1 + R + .. + R^(k-1) nodes: grows fast);
   'nodes:N'    the sparse tree of N nodes that maximizes the expected accepted length under the top-r agreement
-               measured on the val split (`python -m experiments.choose_tree`), read from WORKDIR/trees.json;
+               measured on the val split (`python -m experiments.diagnostics --mode=choose_tree`), read from
+               WORKDIR/trees.json;
   'dynamic:N'  a tree of N nodes built per row and iteration from the heads' own confidence (decoding.Dynamic,
                EAGLE-2): the N paths of highest product of the heads' probabilities.
 Head 1's own choice is the only root of the named trees: under exact acceptance no other first token passes.
@@ -30,7 +31,8 @@ from bpd.errors import UserError
 
 TREES_FILE = 'trees.json'  # in the model's workdir: the measured agreement and the trees built from it
 TREE_SPEC_HELP = ("a tree spec is 'chain', 'comb:R' (R >= 1), 'dense:R' (R >= 1), 'nodes:N' (N >= 1, built from "
-                  f"the model's {TREES_FILE}: python -m experiments.choose_tree) or 'dynamic:N' (N >= 1, per row)")
+                  f"the model's {TREES_FILE}: python -m experiments.diagnostics --mode=choose_tree) or 'dynamic:N' "
+                  '(N >= 1, per row)')
 
 
 def sparse_tree(agreement_DxR, num_nodes: int) -> decoding.TreePaths:
@@ -92,11 +94,13 @@ def named_tree(spec: str, k: int) -> decoding.TreePaths:
 
 
 def read_agreement(workdir: str) -> np.ndarray:
-  """The measured top-r agreement [k, R] saved by experiments/choose_tree.py in WORKDIR/trees.json."""
+  """The measured top-r agreement [k, R] saved in WORKDIR/trees.json by experiments/diagnostics.py
+  --mode=choose_tree."""
   path = os.path.join(workdir, TREES_FILE)
   if not os.path.exists(path):
     raise UserError(f"Tree spec 'nodes:N' needs {path}, the measured top-r agreement of the model's heads: run "
-                    f'python -m experiments.choose_tree --config=CONFIG --workdir={workdir} first.')
+                    f'python -m experiments.diagnostics --mode=choose_tree --config=CONFIG --workdir={workdir} '
+                    'first.')
   with open(path) as f:
     return np.asarray(json.load(f)['agreement_KxR'], np.float64)
 
@@ -127,7 +131,8 @@ def parse_tree_spec(spec: str, k: int, workdir: str | None = None, vocab_size: i
   agreement_KxR = read_agreement(workdir)
   if agreement_KxR.shape[0] < k:
     raise UserError(f'{os.path.join(workdir, TREES_FILE)} holds the agreement of {agreement_KxR.shape[0]} heads, '
-                    f'the model has k={k}: rerun python -m experiments.choose_tree on this checkpoint.')
+                    f'the model has k={k}: rerun python -m experiments.diagnostics --mode=choose_tree on this '
+                    'checkpoint.')
   return decoding.layout(sparse_tree(agreement_KxR[:k], num_nodes))
 
 

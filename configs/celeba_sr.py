@@ -16,11 +16,11 @@ off by default so that the faithful model is what every other argument gives.
   python -m bpd.main --config=configs/celeba_sr.py:cpu,regime=finetune --workdir=runs/sr/finetune \
       --config.train.init_from=runs/sr/base
   python -m bpd.main --config=configs/celeba_sr.py:cpu --workdir=runs/sr/finetune --mode=decode
-  python -m experiments.superres_study --config=configs/celeba_sr.py:cpu --workdir=runs/sr_study   # all stages
+  python -m experiments.study --plan=superres --config=configs/celeba_sr.py:cpu --workdir=runs/sr_study   # all stages
   python -m bpd.main --config=configs/celeba_sr.py:cpu,colocated --workdir=runs/sr_colocated/base    # not faithful
   # The CPU model of docs/results/table2_celeba.md:
-  python -m experiments.superres_study --config=configs/celeba_sr.py:cpu,prior,colocated --workdir=runs/sr_table2 \
-      --base_steps=3000 --head_steps=400 --ks=2,4,6,8,10 --batch_sizes=16,1 --max_examples=16 \
+  python -m experiments.study --plan=superres --config=configs/celeba_sr.py:cpu,prior,colocated \
+      --workdir=runs/sr_table2 --base_steps=3000 --head_steps=400 --ks=2,4,6,8,10 --batch_sizes=16,1 --max_examples=16 \
       --batch1_examples=2 --config.train.input_noise=40 --config.decode.timing_repeats=1
 
 CPU variant (`cpu`): image_tiny (d=64, 1 encoder + 2 decoder layers, ff 256, 4 attention heads), local
@@ -41,7 +41,7 @@ ARGS = {
     'regime': common.Arg('base', 'what to train', choices=('base', 'frozen', 'finetune')),
     'cpu': common.Arg(False, 'the CPU variant below'),
     'gpu': common.Arg(False, 'image_medium (d=256, 2 + 4 layers, batch 32) for a time-boxed run on one '
-                      'accelerator (experiments/superres_timeboxed.sh)'),
+                      'accelerator (experiments/study.py --plan=superres --timebox)'),
     'runlocal': common.Arg(False, 'cpu, shrunk to a smoke run of a few steps'),
     'colocated': common.Arg(False, 'config.model.colocated_input: each decoder position also gets the embedding of '
                             'the input sub-pixel that covers the sub-pixel it predicts (README, "Co-located input")'),
@@ -103,7 +103,7 @@ def get_config(arg: str | None = None):
     c.decode.ks = tuple(k for k in (2, 4, 10) if k <= c.k)
     c.decode.max_examples = 32
   if args['gpu']:
-    # One accelerator for minutes (experiments/superres_timeboxed.sh): each stage trains under `timeout`, whose
+    # One accelerator for minutes (study.py --plan=superres --timebox): each stage trains under `timeout`, whose
     # SIGTERM stops training with a checkpoint (the preemption path), so num_steps is only an upper bound
     # (docs/results/gpu.md has the measured step rates).
     c.model.size = 'image_medium'

@@ -197,8 +197,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.ks = (1, 2, 4, 6, 8, 10)  # heads used, each <= k; greedy is always decoded as the baseline
   c.decode.criteria = ('exact', 'top_k:2')
   # Tree decoding (bpd/trees.py; translation only): 'comb:R', 'dense:R', 'nodes:N' (from WORKDIR/trees.json,
-  # python -m experiments.choose_tree), 'dynamic:N' (a context-aware tree of N nodes per row and iteration), each
-  # built for every k' >= 2 of decode.ks, with every criterion ('chain': the ks chains). () = chains only (paper).
+  # python -m experiments.diagnostics --mode=choose_tree), 'dynamic:N' (a context-aware tree of N nodes per row and
+  # iteration), each built for every k' >= 2 of decode.ks, with every criterion ('chain': the ks chains).
+  # () = chains only (paper).
   c.decode.trees = ()
   c.decode.batch_sizes = (32,)
   c.decode.max_len = 64  # longest output, EOS included

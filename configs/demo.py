@@ -1,6 +1,6 @@
 """The demo: the embedded synthetic corpus and a tiny model; base, heads, sweep in a few minutes on 2 CPUs.
 
-  python -m experiments.demo --workdir=runs/demo        # all stages, then the table
+  python -m experiments.study --plan=demo --workdir=runs/demo        # all stages, then the table
   python -m bpd.main --config=configs/demo.py --workdir=runs/demo/base                  # one stage by hand
   python -m bpd.main --config=configs/demo.py:regime=finetune --workdir=runs/demo/k4 \
       --config.train.init_from=runs/demo/base
@@ -9,7 +9,7 @@
 
 from configs import common
 
-# Steps of the demo's two training stages (experiments/demo.py): short enough for a first run on 2 cores.
+# Steps of the demo's two training stages (experiments/study.py --plan=demo): short enough for a first run on 2 cores.
 BASE_STEPS = 1200
 HEAD_STEPS = 600
 

@@ -13,8 +13,8 @@ config.decode.matmul_precision='highest' sets for the sweep, so that `exact` row
              k = 8 heads, random sources of 24 tokens, no EOS (every row decodes 64 tokens).
 (Plan below holds every size and count; --smoke swaps it for SMOKE.)
 Decoders: greedy; the paper's chain at k = 4 and 8 (exact); the tree --tree (exact; 'nodes:N': the sparse tree of N
-nodes built from the demo's measured top-r agreement on its val split, as experiments/choose_tree.py builds it, or
-read from --demo_workdir's trees.json; the random models decode the same topology); speculative sampling
+nodes built from the demo's measured top-r agreement on its val split, as diagnostics.py --mode=choose_tree builds it,
+or read from --demo_workdir's trees.json; the random models decode the same topology); speculative sampling
 (bpd/speculative.py, a chain of 4 heads, temperature 1), at every batch size of --batch_sizes.
 
 Per setting: each decoder first decodes the examples once (compile + outputs), then runs alternately with its
@@ -78,7 +78,7 @@ if __name__ == '__main__':
   _SMOKE = flags.DEFINE_bool('smoke', False, 'The same code at tiny sizes, for CPU (CI): about 100 s of one core.')
   _BUDGET = flags.DEFINE_float('budget_s', 420.0, 'No setting starts after this many seconds; the rest is skipped '
                                'and listed in the record.')
-  _DEMO_WORKDIR = flags.DEFINE_string('demo_workdir', '', 'A trained k-head demo workdir (experiments/demo.py, '
+  _DEMO_WORKDIR = flags.DEFINE_string('demo_workdir', '', 'A trained k-head demo workdir (study.py --plan=demo, '
                                       'runs/demo/k4) to decode instead of training one in-script.')
   _DEMO_TRAIN_DIR = flags.DEFINE_string('demo_train_dir', '', 'Where the in-script demo model is trained (default: '
                                         'OUT/demo_model; its k-head model can be passed as --demo_workdir later).')
@@ -269,7 +269,7 @@ def write(out: str, record: dict) -> None:
 
 class _TimeLimit:
   """Sends this process SIGTERM after `seconds`, which train_and_evaluate's PreemptionGuard turns into 'save a
-  checkpoint and stop' (the path experiments/superres_timeboxed.sh uses). Outside the guard (data and tokenizer
+  checkpoint and stop' (the path study.py --plan=superres --timebox uses). Outside the guard (data and tokenizer
   set-up before the loop) the signal is held and sent again a second later, so it always stops the loop."""
 
   def __init__(self, seconds: float):

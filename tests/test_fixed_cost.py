@@ -1,5 +1,5 @@
 """A batch-1 sentence's fixed cost: per-batch source buckets, the one-device host batch, and the whole-call
-breakdown of experiments/fixed_cost.py."""
+breakdown of experiments/bench_decode.py --mode=fixed_cost."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,7 @@ import numpy as np
 from bpd import decoder as decoder_lib
 from bpd import model as model_lib
 from bpd import sharding
-from experiments import fixed_cost
+from experiments import bench_decode
 
 
 def test_source_buckets_are_the_multiples_of_8_up_to_the_split_bucket():
@@ -60,8 +60,11 @@ def test_one_device_mesh_decodes_the_host_batch_as_it_is():
 
 
 def test_fit_and_the_whole_call_timeline_of_a_jitted_loop():
-  fixed, per_step = fixed_cost.fit([1, 9, 17, 33], [2e-3 + 5e-4 * n for n in (1, 9, 17, 33)])
+  """The line of --mode=fixed_cost and --mode=latency recovers a known fixed and per-step cost."""
+  fixed, per_step = bench_decode.fit([1, 9, 17, 33], [2e-3 + 5e-4 * n for n in (1, 9, 17, 33)])
   np.testing.assert_allclose([fixed, per_step], [2e-3, 5e-4], rtol=1e-9)
+  steps = np.array([3.0, 5.0, 8.0, 13.0, 21.0])
+  np.testing.assert_allclose(bench_decode.fit(steps, 1.5e-3 + 0.25e-3 * steps), [1.5e-3, 0.25e-3], rtol=1e-9)
 
   @jax.jit
   def loop(x):
@@ -70,32 +73,30 @@ def test_fit_and_the_whole_call_timeline_of_a_jitted_loop():
 
   x = jnp.ones((64, 64)) / 64
   jax.block_until_ready(loop(x))
-  phases = fixed_cost.trace_timeline(lambda: jax.device_get(loop(x)), runs=3)
+  phases = bench_decode.trace_timeline(lambda: jax.device_get(loop(x)), runs=3)
   assert set(phases) == {'python', 'before loop', 'loop', 'copy back'}
   assert all(ms >= 0 for ms in phases.values()) and phases['loop'] > 0
 
 
 def test_matmul_floor_step_reads_every_weight_matrix_at_the_iterations_shapes():
-  """The matmul-only program of experiments/matmul_floor.py: a step keeps x's shape, and an iteration's program
+  """The matmul-only program of bench_decode --mode=matmul_floor: a step keeps x's shape, and an iteration's program
   multiplies by every decoder weight matrix, the embedding and the k - 1 heads' kernels."""
-  from experiments import matmul_floor  # pylint: disable=g-import-not-at-top
   config = model_lib.model_config('tiny', vocab_size=32, k=3, dropout_rate=0.0)
   params = model_lib.init_params(config, jax.random.PRNGKey(0))
   x = jnp.full((2 * 3, config.d_model), 0.01)
-  out = matmul_floor.matmul_step(params, x, config.num_decoder_layers, heads=2, batch=2)
+  out = bench_decode.matmul_step(params, x, config.num_decoder_layers, heads=2, batch=2)
   assert out.shape == x.shape and bool(jnp.all(jnp.isfinite(out)))
-  matrices = matmul_floor.layer_matrices(params, config.num_decoder_layers)
+  matrices = bench_decode.layer_matrices(params, config.num_decoder_layers)
   assert len(matrices) == config.num_decoder_layers and all(len(m) == 8 for m in matrices)
   assert all(m.ndim == 2 for layer in matrices for m in layer)
-  jaxpr = str(jax.make_jaxpr(lambda p, x: matmul_floor.matmul_step(p, x, config.num_decoder_layers, 2, 2))(params, x))
+  jaxpr = str(jax.make_jaxpr(lambda p, x: bench_decode.matmul_step(p, x, config.num_decoder_layers, 2, 2))(params, x))
   # 8 per layer, the vocabulary projection of the k rows, and the heads' two kernels and their projection.
   assert jaxpr.count('dot_general') == 8 * config.num_decoder_layers + 1 + 3
 
 
 def test_profile_median_counts_each_kernel_at_its_median_run():
-  from experiments import profile_decode  # pylint: disable=g-import-not-at-top
   x, w = jnp.ones((4, 256)), jnp.ones((256, 512))
   fn = jax.jit(lambda x, w: jnp.tanh(x @ w))
-  instructions = profile_decode.hlo_instructions(fn.lower(x, w).compile().as_text())
-  kernels = profile_decode.profile(lambda: fn(x, w), 5, instructions, reduce='median')
+  instructions = bench_decode.hlo_instructions(fn.lower(x, w).compile().as_text())
+  kernels = bench_decode.profile(lambda: fn(x, w), 5, instructions, reduce='median')
   assert kernels and all(count == 5 and ns > 0 for ns, count in kernels.values())

@@ -1,4 +1,4 @@
-"""experiments/heads_study.py --curves: the equal-steps comparison of head types trained elsewhere."""
+"""experiments/study.py --plan=heads --curves: the equal-steps comparison of head types trained elsewhere."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import pytest
 
 from bpd import metrics
 from bpd.errors import UserError
-from experiments import heads_study
+from experiments import study
 
 
 def _write_curve(workdir, blocks):
@@ -23,14 +23,14 @@ def test_curves_table_lines_up_steps_of_both_head_types(tmp_path):
   independent, sequential = str(tmp_path / 'ind'), str(tmp_path / 'seq')
   _write_curve(independent, {200: 1.5, 400: 2.0, 600: 2.25})
   _write_curve(sequential, {200: 1.75, 400: 2.5})
-  dirs = heads_study.parse_curves([f'independent={independent}', f'sequential={sequential}'])
-  lines = heads_study.curves_table(dirs, k=10).splitlines()
+  dirs = study.parse_curves([f'independent={independent}', f'sequential={sequential}'])
+  lines = study.curves_table(dirs, k=10).splitlines()
   assert 'independent: exact block k=10' in lines[0] and 'sequential: exact block k=10' in lines[0]
   assert lines[2] == '| 200 | 1.50 | 0.375 | 0.188 | 1.75 | 0.438 | 0.219 |'
   assert lines[3] == '| 400 | 2.00 | 0.500 | 0.250 | 2.50 | 0.625 | 0.312 |'
   assert lines[4] == '| 600 | 2.25 | 0.562 | 0.281 |  |  |  |'  # a step only one model reached
   path = str(tmp_path / 'fig.png')
-  heads_study.plot(dirs, 10, path, 'title')
+  study.plot_curves(dirs, 10, path, 'title')
   assert os.path.getsize(path) > 1000
 
 
@@ -40,15 +40,14 @@ def test_bad_curves_are_clear_errors(tmp_path, item, message):
   empty = str(tmp_path / 'empty')
   _write_curve(empty, {})
   with pytest.raises(UserError, match=message):
-    heads_study.parse_curves([item.format(empty=empty)])
+    study.parse_curves([item.format(empty=empty)])
 
 
 def test_imported_scripts_import_together():
   """The scripts the tests import define their absl flags only when run: imported into one process (as a test
   worker does with several test files) they must not define a flag twice."""
   import importlib
-  for name in ('bench_decode', 'bench_trees', 'choose_tree', 'heads_study', 'latency_fit', 'preflight',
-               'profile_decode', 'sampling_seeds', 'superres_study', 'translation_study'):
+  for name in ('accelerator_run', 'bench_decode', 'bench_scale', 'diagnostics', 'study'):
     importlib.import_module(f'experiments.{name}')
 
 
@@ -60,11 +59,11 @@ def test_curves_read_a_kept_jsonl_file_and_its_heads(tmp_path):
   kept = str(tmp_path / 'seq.jsonl')
   with open(os.path.join(workdir, metrics.JSONL), encoding='utf-8') as f, open(kept, 'w', encoding='utf-8') as out:
     out.writelines(line for line in f if '"eval"' in line)
-  assert heads_study.curve(kept) == heads_study.curve(workdir)
-  assert heads_study.curve_k(kept) == 3
+  assert study.curve(kept) == study.curve(workdir)
+  assert study.curve_k(kept) == 3
   with pytest.raises(UserError, match='no eval rows'):
-    heads_study.parse_curves([f'sequential={tmp_path / "missing.jsonl"}'])
+    study.parse_curves([f'sequential={tmp_path / "missing.jsonl"}'])
   curves = os.path.join(os.path.dirname(__file__), '..', 'docs', 'results', 'curves')
   for name in sorted(os.listdir(curves)):
-    rows = heads_study.curve(os.path.join(curves, name))
-    assert rows and heads_study.curve_k(os.path.join(curves, name)) == 10, name
+    rows = study.curve(os.path.join(curves, name))
+    assert rows and study.curve_k(os.path.join(curves, name)) == 10, name

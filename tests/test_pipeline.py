@@ -123,12 +123,13 @@ def test_decode_sweep_writes_results_tables_hypotheses_and_plots(trained):
 
 
 def test_trees_choose_then_decode_in_the_sweep(trained, tmp_path):
-  """experiments/choose_tree.py saves trees.json with the model; config.decode.trees decodes with them, exactly."""
-  from experiments import choose_tree  # pylint: disable=g-import-not-at-top
+  """experiments/diagnostics.py --mode=choose_tree saves trees.json with the model; config.decode.trees decodes with
+  them, exactly."""
+  from experiments import diagnostics  # pylint: disable=g-import-not-at-top
   _, heads_dir = trained
   heads_copy = str(tmp_path / 'k3')
   shutil.copytree(heads_dir, heads_copy, ignore=shutil.ignore_patterns('decode'))
-  built = choose_tree.choose(tiny_config(k=3), heads_copy, nodes=[4, 6], ranks=3, examples=12, batch_size=8)
+  built = diagnostics.choose(tiny_config(k=3), heads_copy, nodes=[4, 6], ranks=3, examples=12, batch_size=8)
   saved = json.load(open(os.path.join(heads_copy, 'trees.json')))
   assert np.asarray(saved['agreement_KxR']).shape == (3, 3) and set(saved['trees']) == {'4', '6'}
   assert len(built['6']) == 6
@@ -144,7 +145,7 @@ def test_trees_choose_then_decode_in_the_sweep(trained, tmp_path):
 
 @pytest.mark.parametrize('trees, match', [
     (('bogus',), 'Unknown tree spec'),
-    (('nodes:8',), 'experiments.choose_tree'),  # no trees.json in the workdir
+    (('nodes:8',), 'experiments.diagnostics --mode=choose_tree'),  # no trees.json in the workdir
     (('dense:0',), 'at least 1'),
 ])
 def test_error_bad_tree_specs(trained, trees, match):

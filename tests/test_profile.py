@@ -1,26 +1,26 @@
-"""experiments/profile_decode.py: the HLO parsing and the per-kernel profile on a small jitted program."""
+"""experiments/bench_decode.py --mode=profile: the HLO parsing and the per-kernel profile on a small jitted program."""
 
 import jax
 import jax.numpy as jnp
 
-from experiments import profile_decode
+from experiments import bench_decode
 
 
 def test_shape_bytes_counts_every_array_in_an_hlo_fragment():
-  assert profile_decode.shape_bytes('f32[1,4,256]{2,1,0}') == 4 * 1024
-  assert profile_decode.shape_bytes('(bf16[8], s32[2,3], pred[])') == 16 + 24 + 1
+  assert bench_decode.shape_bytes('f32[1,4,256]{2,1,0}') == 4 * 1024
+  assert bench_decode.shape_bytes('(bf16[8], s32[2,3], pred[])') == 16 + 24 + 1
 
 
 def test_profile_finds_the_kernels_of_a_compiled_program_and_their_bytes():
   x, w = jnp.ones((4, 256)), jnp.ones((256, 512))
   fn = jax.jit(lambda x, w: jnp.tanh(x @ w))
-  instructions = profile_decode.hlo_instructions(fn.lower(x, w).compile().as_text())
+  instructions = bench_decode.hlo_instructions(fn.lower(x, w).compile().as_text())
   # The matmul: its output [4, 512] and both operands, float32.
   dots = [i for i in instructions.values() if i['shape'] == 'f32[4,512]' and 'dot_general' in i['op']]
   assert dots and dots[0]['bytes'] == 4 * (4 * 512 + 4 * 256 + 256 * 512)
-  kernels = profile_decode.profile(lambda: fn(x, w), 3, instructions)
+  kernels = bench_decode.profile(lambda: fn(x, w), 3, instructions)
   assert kernels and all(name in instructions for name in kernels)
   assert all(count == 3 and ns > 0 for ns, count in kernels.values())
-  table = profile_decode.kernel_table('### tiny', kernels, instructions, steps=3, top=5)
+  table = bench_decode.kernel_table('### tiny', kernels, instructions, steps=3, top=5)
   assert table.startswith('### tiny:') and '| kernel | kind |' in table
   assert len(table.splitlines()) == 4 + min(5, len(kernels))

@@ -22,7 +22,7 @@ from bpd.data import pipeline
 from bpd.errors import UserError
 from configs import celeba_sr
 from configs import common
-from experiments import superres_study
+from experiments import study
 from tests.test_images import _write_prepared_celeba_metadata
 
 DECODE_LEN = 24  # decode only the first 24 of 3072 sub-pixels: the loop is the same, the test is fast
@@ -260,8 +260,8 @@ def test_error_bad_matmul_precision_and_unknown_decode_model(tmp_path, trained):
   data, _, heads_dir, _, _ = trained
   _expect_error('matmul_precision', evaluate.decode_sweep,
                 tiny_config(data, k=3, **{'decode.matmul_precision': 'fp8'}), heads_dir)
-  plan = superres_study.Plan(stages=('decode',), regimes=('frozen',), decode_models=('finetune',))
-  _expect_error('no model', superres_study.run_stages, tiny_config(data), str(tmp_path), plan)
+  plan = study.SuperresPlan(stages=('decode',), regimes=('frozen',), decode_models=('finetune',))
+  _expect_error('no model', study.run_superres, tiny_config(data), str(tmp_path), plan)
 
 
 def test_error_bad_image_source_and_decode_length(tmp_path, trained):
@@ -298,9 +298,9 @@ def test_study_skips_trained_stages_decodes_and_writes_table_and_grid(trained, t
   root = str(tmp_path / 'study')
   shutil.copytree(base_dir, os.path.join(root, 'base'), ignore=shutil.ignore_patterns('decode*'))
   shutil.copytree(heads_dir, os.path.join(root, 'frozen'), ignore=shutil.ignore_patterns('decode*'))
-  plan = superres_study.Plan(regimes=('frozen',), ks=(3,), max_examples=2, base_steps=2, head_steps=2)
+  plan = study.SuperresPlan(regimes=('frozen',), ks=(3,), max_examples=2, base_steps=2, head_steps=2)
   config = tiny_config(data, k=3)
-  superres_study.run_stages(config, root, plan)  # both models are trained to their steps: decode and table only
+  study.run_superres(config, root, plan)  # both models are trained to their steps: decode and table only
   rows = json.load(open(os.path.join(root, 'study.json')))
   assert {(r['model'], r['k'], r['criterion']) for r in rows} >= {
       ('base', 1, 'greedy'), ('frozen', 3, 'exact'), ('frozen', 3, 'distance:2')}
@@ -310,7 +310,7 @@ def test_study_skips_trained_stages_decodes_and_writes_table_and_grid(trained, t
   for name in ('study.md', 'study.csv', 'study_paper.md', 'study_val_b1_frozen.png'):
     assert os.path.exists(os.path.join(root, name)), name
   stamp = os.path.getmtime(os.path.join(root, 'frozen', 'decode_val', 'results.json'))
-  superres_study.run_stages(config, root, plan)
+  study.run_superres(config, root, plan)
   assert os.path.getmtime(os.path.join(root, 'frozen', 'decode_val', 'results.json')) == stamp
 
 
@@ -326,7 +326,7 @@ def test_table2_layout_puts_each_cell_beside_the_papers():
       for criterion, block in (('exact', 1.2), ('distance:2', 1.5)):
         rows.append(dict(common, model=model, criterion=criterion, k=k, quality=greedy + 0.01,
                          mean_accepted_block_size=block + k / 10))
-  md = superres_study.table2_markdown(rows)
+  md = study.table2_markdown(rows)
   header = next(line for line in md.split('\n') if line.startswith('| row'))
   assert header == '| row | model greedy PSNR | k = 2 | paper | k = 10 | paper |'
   both = next(line for line in md.split('\n') if line.startswith('| Both'))
@@ -340,7 +340,7 @@ def test_a_stage_stopped_early_stops_the_study(monkeypatch, tmp_path):
   """A base that returns before its last step (SIGTERM: train saves and returns) must not be handed to the heads
   or decoded: the study stops and says to rerun."""
   calls = []
-  monkeypatch.setattr(superres_study.train, 'train_and_evaluate', lambda cfg, workdir: calls.append(workdir))
-  monkeypatch.setattr(superres_study, 'decode_one', lambda *a: calls.append('decode'))
-  superres_study.run_stages(tiny_config(str(tmp_path)), str(tmp_path), superres_study.Plan(base_steps=5))
+  monkeypatch.setattr(study.train, 'train_and_evaluate', lambda cfg, workdir: calls.append(workdir))
+  monkeypatch.setattr(study, 'decode_superres', lambda *a: calls.append('decode'))
+  study.run_superres(tiny_config(str(tmp_path)), str(tmp_path), study.SuperresPlan(base_steps=5))
   assert calls == [os.path.join(str(tmp_path), 'base')]

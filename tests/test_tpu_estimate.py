@@ -9,6 +9,7 @@ import jax
 import pytest
 
 from bpd import model as model_lib
+from bpd import tpu_estimate
 from bpd.errors import UserError
 from experiments import bench_decode
 
@@ -60,22 +61,21 @@ def test_bench_decode_stops_before_measuring_when_libtpu_is_missing(tmp_path):
 
 @needs_libtpu
 def test_tree_rows_get_a_tpu_estimate():
-  """bench_trees --tpu: a tree iteration compiled for a TPU chip costs more FLOPs than the chain's, both more than a
-  greedy step, and the estimated speedup is the row's accepted block over its estimated ratio."""
-  from experiments import bench_trees  # pylint: disable=g-import-not-at-top
+  """bench_decode --mode=trees --tpu: a tree iteration compiled for a TPU chip costs more FLOPs than the chain's,
+  both more than a greedy step, and the estimated speedup is the row's accepted block over its estimated ratio."""
   config = model_lib.model_config('tiny', vocab_size=300, k=3, dropout_rate=0.0)
   paths = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
   rows = [{'batch': 2, 'nodes': 3, 'paths': None, 'mean_accepted_block': 2.0, 'tree': 'chain (k=3)',
            'iterations': 9, 'identical_to_greedy': 1.0},
           {'batch': 2, 'nodes': len(paths), 'paths': paths, 'mean_accepted_block': 2.5, 'tree': 'nodes:6',
            'iterations': 7, 'identical_to_greedy': 1.0}]
-  bench_trees.add_tpu_estimates(rows, config, ['v5e'], k=3, max_len=12, src_len=8)
+  bench_decode.add_tree_tpu_estimates(rows, config, ['v5e'], k=3, max_len=12, src_len=8)
   for r in rows:
     assert r['tpu_v5e_ratio'] > 0 and r['tpu_v5e_speedup'] == r['mean_accepted_block'] / r['tpu_v5e_ratio']
-  device, _ = bench_trees.tpu_estimate.chip_device('v5e')
+  device, _ = tpu_estimate.chip_device('v5e')
   shapes = dict(batch=2, max_len=12, src_len=8, cache_len=12 + len(paths) + 1)
-  tree = bench_trees.tpu_estimate.step_cost(config, device, 'tree', k=3, paths=paths, **shapes)
-  greedy = bench_trees.tpu_estimate.step_cost(config, device, 'greedy', k=1, **shapes)
+  tree = tpu_estimate.step_cost(config, device, 'tree', k=3, paths=paths, **shapes)
+  greedy = tpu_estimate.step_cost(config, device, 'greedy', k=1, **shapes)
   assert tree['flops'] > greedy['flops'] > 0
-  table = bench_trees.table(rows, {2: 2.0}, ['v5e'])
+  table = bench_decode.trees_table(rows, {2: 2.0}, ['v5e'])
   assert 'TPU v5e ESTIMATE' in table and f"{rows[1]['tpu_v5e_speedup']:.2f}x |" in table

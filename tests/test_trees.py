@@ -379,8 +379,8 @@ def test_named_trees():
 
 @pytest.mark.parametrize('spec, message', [
     ('bogus', 'Unknown tree spec'), ('comb:x', 'a tree spec is'), ('dense:0', 'at least 1'), ('nodes:0', 'at least 1'),
-    ('nodes:8', 'experiments.choose_tree'), ('dense:20', 'more than 4096 nodes'), ('dynamic:0', 'at least 1'),
-    ('dynamic:5000', 'N must be between 1 and'),
+    ('nodes:8', 'experiments.diagnostics --mode=choose_tree'), ('dense:20', 'more than 4096 nodes'),
+    ('dynamic:0', 'at least 1'), ('dynamic:5000', 'N must be between 1 and'),
 ])
 def test_bad_tree_specs_raise_clear_errors(spec, message, tmp_path):
   with pytest.raises(UserError, match=message):

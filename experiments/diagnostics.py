@@ -1,0 +1,337 @@
+r"""Diagnostics of trained models and of training, one --mode each: what a model agrees with, how its samples spread.
+
+  python -m experiments.diagnostics --mode=choose_tree --config=configs/demo.py:regime=finetune,k=4 \
+      --workdir=runs/demo/k4 --nodes=8,16,32,64
+  python -m experiments.diagnostics --mode=sampling_seeds --config=configs/multi30k_ende.py:k=10,regime=finetune \
+      --workdir=runs/m30k_both/finetune_distilled --temperature=1.0 --seeds=0-8 --ks=1,4
+  python -m experiments.diagnostics --mode=superres_agreement \
+      --workdirs=runs/sr_table2/frozen,runs/sr_table2/finetune --examples=4 --eps=2
+  python -m experiments.diagnostics --mode=superres_prefix_check --workdirs=runs/sr_colocated/base,runs/sr_noise/base \
+      --examples=4
+  python -m experiments.diagnostics --mode=head_loss --config=configs/multi30k_ende.py --k=8
+
+Flags that several modes share (--config, --examples, --batch_size, --split) take the default of the mode run
+(MODE_DEFAULTS). The modes, in this file's order:
+
+--mode=choose_tree: choose a tree of candidates for tree decoding from a trained k-head model's measured top-r
+agreement. Greedy-decodes the config's eval split (config.data.eval_split, the val split), teacher-forces the model
+on its own greedy output and counts, per head i and rank r, how often head i's rank-r choice is greedy's token
+(train.top_r_agreement). From that table it builds, for each N in --nodes, the sparse tree of N nodes that
+greedily maximizes the expected accepted length (bpd/trees.py, `sparse_tree`; Medusa's sparse trees), prints the
+trees with their expected length, and saves the table and the trees as WORKDIR/trees.json, next to the
+checkpoint. `config.decode.trees=('nodes:N',)` then decodes with the N-node tree (any N: it is rebuilt from the
+saved table).
+
+--mode=sampling_seeds: quality of sampled outputs across seeds, ancestral sampling against speculative sampling with
+k' heads. One sample of every example of the split per seed and sampler (batch --batch_size), scored as the decode
+sweep scores it (BLEU or PSNR), plus the mean output length. Speculative sampling is exact in distribution
+(docs/speculative.md), so its quality differs from ancestral sampling's only by the draw: the seed-to-seed spread
+printed here is the yardstick for the one-seed rows of a decode sweep (`sample:T` against `k<k'>.speculative`).
+
+--mode=superres_agreement: per-head agreement with greedy decoding on images, the diagnostic behind exact and
+distance:EPS acceptance. For each k-head model: teacher-force it on its own greedy output
+(WORKDIR/decode_<split>/<split>.greedy.b<B>.npy, written by the decode sweep) and count, per head i, how often head
+i's argmax at decoder position t equals greedy's sub-pixel at t + i (exact acceptance, paper §5) and how often it is
+within EPS intensity levels (distance:EPS). Also: how often head 1 itself is within EPS of the *previous* greedy
+sub-pixel of the same channel, a measure of how much of the image is flat enough for any head to guess.
+
+--mode=superres_prefix_check: one-step quality of trained super-resolution models: the argmax of head 1 at every
+sub-pixel given a fixed prefix (teacher forcing), as PSNR against the ground truth, beside nearest-neighbour
+enlargement. Separates what a model predicts one step at a time from what greedy decoding does with its own outputs
+(README, Super-resolution: a model whose one-step argmax is near the baseline can still collapse in greedy
+decoding, by following its own prefix). Prefixes: the true image, and the nearest-neighbour enlargement.
+
+--mode=head_loss: what the sampled-head loss saves: one training step with head_loss=mean (all k heads projected onto
+the vocabulary) against head_loss=random (one drawn head projected, paper §6), per regime. Random weights at the
+config's model size and vocabulary; a fixed batch of random ids; the real jitted train step of bpd/train.py. The two
+programs alternate after compile and warm-up, and each time is a median of --repeats, so a changing machine load
+falls on both.
+"""
+
+import functools
+import os
+import statistics
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bpd import checkpoint
+from bpd import decoder as decoder_lib
+from bpd import errors
+from bpd import evaluate
+from bpd import metrics
+from bpd import model as model_lib
+from bpd import report
+from bpd import sharding
+from bpd import speculative as speculative_lib
+from bpd import tasks
+from bpd import train
+from bpd import trees
+from bpd.data import batching
+from bpd.data import images
+from bpd.data import pipeline
+from bpd.data import tokenizer as tokenizer_lib
+from bpd.errors import UserError
+from configs import celeba_sr
+
+MODES = ('choose_tree', 'sampling_seeds', 'superres_agreement', 'superres_prefix_check', 'head_loss')
+# The flags that several modes share under one name, each mode with its own default (command-line text).
+MODE_DEFAULTS = {
+    'choose_tree': {'examples': '500', 'batch_size': '32'},
+    'sampling_seeds': {'config': 'configs/multi30k_ende.py:k=10,regime=finetune', 'split': '', 'batch_size': '32'},
+    'superres_agreement': {'split': 'val', 'batch_size': '16', 'examples': '4'},
+    'superres_prefix_check': {'examples': '4'},
+    'head_loss': {'config': 'configs/multi30k_ende.py', 'batch_size': '64'},
+}
+
+_defaults = functools.partial(errors.per_mode_help, MODE_DEFAULTS)
+
+
+# Flags exist only when this file runs as a script: importing it (tests, another script) defines none.
+if __name__ == '__main__':
+  _MODE = flags.DEFINE_enum('mode', None, MODES, 'What to measure (see the module docstring).', required=True)
+  _CONFIG = errors.define_config_file(
+      'config', None, 'choose_tree: the config the model was trained with (required); sampling_seeds: the decode '
+      'config; head_loss: model size and vocabulary. ' + _defaults('config'))
+  _WORKDIR = flags.DEFINE_string('workdir', None, "choose_tree: the k-head model's workdir, trees.json is written "
+                                 'there; sampling_seeds: the k-head model to sample from (required).')
+  _WORKDIRS = flags.DEFINE_list('workdirs', [], 'superres_agreement: k-head image models whose decode_<split>/ holds a '
+                                'greedy decode; superres_prefix_check: trained image models.')
+  _EXAMPLES = flags.DEFINE_integer('examples', None, 'choose_tree: val examples to measure on (0 = all); superres_*: '
+                                   'the first N val images. ' + _defaults('examples'))
+  _BATCH = flags.DEFINE_integer('batch_size', None, 'Batch size (choose_tree: of the greedy decode and the '
+                                'teacher-forced pass; superres_agreement: of the greedy decode to read, '
+                                '<split>.greedy.b<B>.npy; head_loss: rows per step). ' + _defaults('batch_size'))
+  _SPLIT = flags.DEFINE_string('split', None, "sampling_seeds: the split (empty: the config's first decode split); "
+                               'superres_agreement: the decoded split. ' + _defaults('split'))
+  # choose_tree
+  _NODES = flags.DEFINE_list('nodes', ['8', '16', '32', '64'], 'choose_tree: tree sizes N to build (and save).')
+  _RANKS = flags.DEFINE_integer('ranks', 8, 'choose_tree: choices per head measured: ranks 0..R-1.')
+  # sampling_seeds
+  _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'sampling_seeds: sampling temperature (> 0).')
+  _SEEDS = flags.DEFINE_string('seeds', '0-4', 'sampling_seeds: seeds as FIRST-LAST (inclusive).')
+  _KS = flags.DEFINE_list('ks', ['1', '4'], "sampling_seeds: heads k' of the speculative sampler.")
+  # superres_agreement, superres_prefix_check
+  _EPS = flags.DEFINE_integer('eps', 2, 'superres_agreement: intensity distance of the approximate criterion '
+                              '(distance:EPS).')
+  _DATA = flags.DEFINE_string('data_dir', '../shared/data/celeba32', 'superres_prefix_check: folder with val.npy and '
+                              'val_8x8.npy')
+  # head_loss
+  _K = flags.DEFINE_integer('k', 8, 'head_loss: heads.')
+  _LENGTH = flags.DEFINE_integer('length', 32, 'head_loss: source and target length.')
+  _REPEATS = flags.DEFINE_integer('repeats', 5, 'head_loss: timed steps per program (median).')
+  _REGIMES = flags.DEFINE_list('regimes', ['finetune', 'frozen'], 'head_loss: regimes to time.')
+
+
+# -- --mode=choose_tree: a tree of candidates from a model's measured top-r agreement ----------------------------------
+
+def choose(config, workdir: str, nodes: list[int], ranks: int, examples: int, batch_size: int) -> dict:
+  """Measures the top-r agreement, builds and saves the trees; returns {'N': paths}."""
+  if any(n < 1 for n in nodes) or ranks < 1 or examples < 0 or batch_size < 1:
+    raise UserError(f'--nodes={nodes} must all be >= 1, --ranks={ranks} >= 1, --examples={examples} >= 0 and '
+                    f'--batch_size={batch_size} >= 1.')
+  if config.data.source == 'images':
+    raise UserError('Tree decoding is implemented for translation only (config.data.source=images).')
+  model_config, params, step = checkpoint.load_params(workdir, step=config.checkpoint_step)
+  if model_config.k < 2:
+    raise UserError(f'The model in {workdir} has k=1: no proposal heads to build a tree from.')
+  tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
+  split = config.data.eval_split
+  src, tgt = pipeline.load_split(config.data, split, config.seed)
+  if examples:
+    src, tgt = src[:examples], tgt[:examples]
+  src_ids, _, _ = batching.encode_pairs(tokenizer, src, tgt, config.decode.max_src_len, truncate=True)
+  model = model_lib.Transformer(model_config)
+  decoder = decoder_lib.Decoder(model, config.decode.max_len)
+  greedy_ids, _ = decoder_lib.run_batches(lambda s: decoder.greedy(params, s).tokens_BxL, src_ids, batch_size,
+                                          f'{split} greedy')
+  agreement_KxR = train.top_r_agreement(model, params, src_ids, greedy_ids, batch_size, ranks)
+  built = {str(n): trees.sparse_tree(agreement_KxR, n) for n in nodes}
+  path = trees.write_trees(workdir, agreement_KxR, built, {'split': split, 'examples': len(src_ids), 'step': step})
+  np.set_printoptions(precision=3, suppress=True)
+  print(f'top-r agreement with greedy on {split} ({len(src_ids)} examples; row i = head i + 1, column r = rank r):')
+  print(agreement_KxR)
+  print(f'chain of {model_config.k}: expected accepted length '
+        f'{trees.expected_length(trees.named_tree("chain", model_config.k), agreement_KxR):.3f}')
+  for n, paths in built.items():
+    print(f'nodes:{n}: expected accepted length {trees.expected_length(paths, agreement_KxR):.3f}, '
+          f'depth {max(map(len, paths))}: {paths}')
+  print(f'saved {path}')
+  return built
+
+
+def run_choose_tree():
+  try:
+    nodes = [int(n) for n in _NODES.value]
+  except ValueError:
+    raise UserError(f'--nodes={",".join(_NODES.value)}: give integers, e.g. --nodes=8,16,32.') from None
+  logging.info('choose_tree: %s', _WORKDIR.value)
+  return choose(_CONFIG.value, _WORKDIR.value, nodes, _RANKS.value, _EXAMPLES.value, _BATCH.value)
+
+
+# -- --mode=sampling_seeds: the spread of sampled quality across seeds -------------------------------------------------
+
+def parse_seeds(text) -> range:
+  first, sep, last = text.partition('-')
+  try:
+    seeds = range(int(first), int(last if sep else first) + 1)
+  except ValueError:
+    seeds = range(0)
+  if not seeds:
+    raise UserError(f'--seeds={text!r}: write FIRST-LAST with FIRST <= LAST, e.g. --seeds=0-8.')
+  return seeds
+
+
+def run_sampling_seeds():
+  config, workdir, temperature = _CONFIG.value, _WORKDIR.value, _TEMPERATURE.value
+  task = tasks.for_config(config)
+  seeds, ks = parse_seeds(_SEEDS.value), [int(k) for k in _KS.value]
+  if temperature <= 0:
+    raise UserError(f'--temperature={temperature}: sampling needs a temperature > 0.')
+  model_config, params, _, tokenizer, decoder = evaluate.load_for_decoding(config, workdir, task,
+                                                                           sharding.make_mesh(1))
+  if max(ks) > model_config.k:
+    raise UserError(f'--ks={_KS.value}: the model in {workdir} has k={model_config.k} heads.')
+  split = _SPLIT.value or config.decode.splits[0]
+  src_ids, references, _ = task.decode_examples(config, split, tokenizer)
+  bucket = decoder_lib.source_bucket(src_ids)
+
+  def score(fn):
+    out, _ = decoder_lib.run_batches(fn, src_ids, _BATCH.value, bucket=bucket)
+    outputs = task.outputs(tokenizer, [o.tokens_BxL for o in out])
+    quality = task.scores(outputs, references, outputs)['quality']
+    return quality, float(np.mean([int(o.length_B) for o in out]))
+
+  def speculative(k, seed):
+    return lambda src_BxS: decoder.blockwise(params, src_BxS, speculative_lib.Sampling(temperature=temperature),
+                                             decoder_lib.chain(k), seed=seed)
+
+  names = ['ancestral'] + [f'speculative k={k}' for k in ks]
+  qualities = {name: [] for name in names}
+  columns = [('seed', 'seed', '{}')] + [(n, f'{n} {task.quality_metric} (mean length)', '{}') for n in names]
+  print(report.markdown_table([], columns))
+  for seed in seeds:
+    cells = [score(lambda src, seed=seed: decoder.sample(params, src, temperature, seed))]
+    cells += [score(speculative(k, seed)) for k in ks]
+    for name, cell in zip(names, cells):
+      qualities[name].append(cell[0])
+    row = {'seed': seed, **{n: f'{q:.2f} ({length:.2f})' for n, (q, length) in zip(names, cells)}}
+    print(report.markdown_table([row], columns, header=False), flush=True)
+  spread = lambda q: np.std(q, ddof=1) / np.sqrt(len(seeds)) if len(seeds) > 1 else 0
+  means = {n: f'{np.mean(qualities[n]):.2f} ± {spread(qualities[n]):.2f}' for n in names}
+  print(report.markdown_table([{'seed': 'mean ± s.e.', **means}], columns, header=False))
+
+
+# -- --mode=superres_agreement: per-head agreement with greedy on images -----------------------------------------------
+
+def agreement(workdir, split, batch_size, examples, eps):
+  """Returns (exact_K, within_eps_K): per head, the fraction of positions where it matches greedy."""
+  model_config, params, _ = checkpoint.load_params(workdir)
+  greedy_Nx32x32x3 = np.load(os.path.join(workdir, f'decode_{split}', f'{split}.greedy.b{batch_size}.npy'))[:examples]
+  data = celeba_sr.get_config('cpu').data
+  lowres_Nx8x8x3, _ = pipeline.load_image_split(data, split, examples)
+  src_NxS = jnp.asarray(images.image_to_tokens(lowres_Nx8x8x3))
+  tgt_NxT = jnp.asarray(images.image_to_tokens(greedy_Nx32x32x3))
+  tgt_in_NxT = jnp.pad(tgt_NxT[:, :-1], ((0, 0), (1, 0)), constant_values=tokenizer_lib.BOS_ID)
+  model = model_lib.Transformer(model_config)
+  heads_NxTxK = np.asarray(jax.jit(lambda p, s, t: jnp.argmax(model.apply({'params': p}, s, t), axis=-1))(
+      params, src_NxS, tgt_in_NxT))
+  tgt = np.asarray(tgt_NxT)
+  exact, near = [], []
+  for i in range(model_config.k):  # head i + 1 at position t predicts target index t + i
+    proposed, truth = heads_NxTxK[:, :tgt.shape[1] - i, i], tgt[:, i:]
+    exact.append(np.mean(proposed == truth))
+    near.append(np.mean(np.abs(proposed.astype(int) - truth) <= eps))
+  return np.array(exact), np.array(near)
+
+
+def run_superres_agreement():
+  for workdir in _WORKDIRS.value:
+    exact_K, near_K = agreement(workdir, _SPLIT.value, _BATCH.value, _EXAMPLES.value, _EPS.value)
+    print(f'{workdir}: agreement with greedy, heads 1..{len(exact_K)}')
+    print('  exact:       ' + ' '.join(f'{a:.2f}' for a in exact_K))
+    print(f'  within {_EPS.value}:    ' + ' '.join(f'{a:.2f}' for a in near_K))
+
+
+# -- --mode=superres_prefix_check: head 1's one-step quality given a fixed prefix --------------------------------------
+
+def run_superres_prefix_check():
+  lowres_Nx8x8x3, highres_Nx32x32x3 = images.load_npy_split(_DATA.value, 'val')
+  lowres_Nx8x8x3, highres_Nx32x32x3 = lowres_Nx8x8x3[:_EXAMPLES.value], highres_Nx32x32x3[:_EXAMPLES.value]
+  nearest = images.enlarge(lowres_Nx8x8x3)
+  src_NxS = jnp.asarray(images.image_to_tokens(lowres_Nx8x8x3))
+  prefixes = {'true image': images.image_to_tokens(highres_Nx32x32x3), 'nearest': images.image_to_tokens(nearest)}
+  print(f'nearest-neighbour enlargement: {images.psnr(nearest, highres_Nx32x32x3).mean():.2f} dB')
+  for workdir in _WORKDIRS.value:
+    config, params, step = checkpoint.load_params(workdir)
+    model = model_lib.Transformer(config)
+    argmax = jax.jit(lambda p, src, tgt_in: jnp.argmax(model.apply({'params': p}, src, tgt_in)[:, :, 0], axis=-1))
+    for name, tokens_NxT in prefixes.items():
+      # Position p's input is the prefix's sub-pixel p - 1 (BOS at 0); its argmax is the guess for sub-pixel p.
+      tgt_in_NxT = np.concatenate([np.full((len(tokens_NxT), 1), tokenizer_lib.BOS_ID), tokens_NxT[:, :-1]], axis=1)
+      guess = images.tokens_to_image(np.asarray(argmax(params, src_NxS, jnp.asarray(tgt_in_NxT))))
+      print(f'{workdir} step {step}, prefix {name}: one-step argmax '
+            f'{images.psnr(guess, highres_Nx32x32x3).mean():.2f} dB')
+
+
+# -- --mode=head_loss: one train step, all heads projected against one drawn head --------------------------------------
+
+
+def run_head_loss():
+  config = _CONFIG.value
+  model_config = model_lib.model_config(config.model.size, vocab_size=config.data.vocab_size, k=_K.value,
+                                        dropout_rate=config.model.dropout_rate)
+  model = model_lib.Transformer(model_config)
+  params = train.fresh_params(model_config, 0)
+  rng = np.random.default_rng(0)
+  batch = {name: rng.integers(3, model_config.vocab_size, (_BATCH.value, _LENGTH.value)).astype(np.int32)
+           for name in ('src_BxS', 'tgt_BxT')}
+  print(f'model {config.model.size}, vocab {model_config.vocab_size}, k={_K.value}, batch {_BATCH.value} x '
+        f'{_LENGTH.value}, {jax.devices()[0].platform}; median of {_REPEATS.value}, alternating')
+  columns = [('regime', 'regime', '{}'), ('mean', 'mean (s/step)', '{:.3f}'), ('random', 'random (s/step)', '{:.3f}'),
+             (None, 'mean / random', lambda r: f"{r['mean'] / r['random']:.2f}")]
+  print(report.markdown_table([], columns))
+  for regime in _REGIMES.value:
+    frozen = regime == 'frozen'
+    optimizer = train.make_optimizer(regime, params, 1e-3, 100)
+    steps = {loss: train.make_train_step(model, optimizer, seed=0, head_loss=loss, label_smoothing=0.1, frozen=frozen)
+             for loss in ('mean', 'random')}
+    # Own copies: a train step donates its state's buffers.
+    states = {loss: jax.tree.map(lambda x: x.copy(), {'params': params, 'opt_state': optimizer.init(params)})
+              for loss in steps}
+    times = {loss: [] for loss in steps}
+    for i in range(_REPEATS.value + 1):  # the first round compiles and warms up
+      for loss, step in steps.items():
+        start = time.perf_counter()
+        states[loss], out = step(states[loss], batch, i)
+        jax.block_until_ready(out['loss'])
+        if i:
+          times[loss].append(time.perf_counter() - start)
+    row = {'regime': regime, **{loss: statistics.median(t) for loss, t in times.items()}}
+    print(report.markdown_table([row], columns, header=False))
+
+
+RUNS = {'choose_tree': run_choose_tree, 'sampling_seeds': run_sampling_seeds,
+        'superres_agreement': run_superres_agreement, 'superres_prefix_check': run_superres_prefix_check,
+        'head_loss': run_head_loss}
+
+
+def main(argv):
+  del argv
+  metrics.quiet_library_logs()
+  mode = _MODE.value
+  errors.set_defaults(MODE_DEFAULTS[mode])
+  if mode in ('choose_tree', 'sampling_seeds', 'head_loss') and _CONFIG.value is None:
+    raise UserError(f'--mode={mode} needs --config: the config the model was trained with.')
+  if mode in ('choose_tree', 'sampling_seeds') and not _WORKDIR.value:
+    raise UserError(f'--mode={mode} needs --workdir: the trained k-head model.')
+  RUNS[mode]()
+
+
+if __name__ == '__main__':
+  app.run(lambda argv: errors.exit_on_user_error(main, argv), flags_parser=errors.parse_flags)
