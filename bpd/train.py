@@ -255,6 +255,14 @@ def training_data(config, task, tokenizer, decoder):
   return batch_for_step, eval_batches, quick_eval
 
 
+def greedy_targets(greedy_ids) -> list[np.ndarray]:
+  """Greedy outputs as the targets of a teacher-forced pass on them: each cut after its EOS (EOS included), or its
+  non-padding tokens where it has none (it ran to max_len)."""
+  tokens = [np.asarray(t) for t in greedy_ids]
+  return [t[:int(np.argmax(t == tokenizer_lib.EOS_ID)) + 1] if np.any(t == tokenizer_lib.EOS_ID) else t[t > 0]
+          for t in tokens]
+
+
 def agreement_with_greedy(agreement_step, params, src_ids, greedy_ids, batch_size, mesh) -> dict:
   """The diagnostic that predicts exact acceptance: per head i, how often head i's argmax at decoder position t
   equals the token greedy decoding of the scoring model emits at t + i, on greedy's own prefixes.
@@ -267,9 +275,7 @@ def agreement_with_greedy(agreement_step, params, src_ids, greedy_ids, batch_siz
   """
   if not src_ids:
     return {}
-  tokens = [np.asarray(t) for t in greedy_ids]
-  tokens = [t[:int(np.argmax(t == tokenizer_lib.EOS_ID)) + 1] if np.any(t == tokenizer_lib.EOS_ID) else t[t > 0]
-            for t in tokens]
+  tokens = greedy_targets(greedy_ids)
   # One padded length for every batch (one compiled shape): the source bucket or the longest output.
   length = max(decoder_lib.source_bucket(src_ids), max(len(t) for t in greedy_ids))
   batches = batching.eval_batches(src_ids, tokens, batch_size, (length,))
@@ -284,9 +290,7 @@ def top_r_agreement(model, params, src_ids, greedy_ids, batch_size, ranks: int) 
   decoding.accept_mask) is the token greedy decoding emits at t + i, on greedy's own prefixes. Column 0 is
   `agreement_with_greedy`; a row's sum is how often the token is among the head's top `ranks` choices.
   """
-  tokens = [np.asarray(t) for t in greedy_ids]
-  tokens = [t[:int(np.argmax(t == tokenizer_lib.EOS_ID)) + 1] if np.any(t == tokenizer_lib.EOS_ID) else t[t > 0]
-            for t in tokens]
+  tokens = greedy_targets(greedy_ids)
   length = max(decoder_lib.source_bucket(src_ids), max(len(t) for t in tokens))
 
   @jax.jit
