@@ -19,7 +19,7 @@ from tests.conftest import BOS as TOY_BOS, EOS as TOY_EOS, SRC_LEN, toy_batch
 from tests import reference
 from tests.stubs import BOS, EOS, Stub
 
-SETTINGS = hypothesis.settings(max_examples=12, deadline=None, derandomize=True, database=None)
+SETTINGS = hypothesis.settings(max_examples=8, deadline=None, derandomize=True, database=None)
 
 # A few topologies, so that jit's cache is reused across examples: the chain, a Medusa-like sparse tree, a
 # tree whose deepest path leaves the rank-0 spine, and one with second choices at the root.
