@@ -8,8 +8,19 @@ such run, with wide margins (tests/test_model.py, test_trained_toy_model_is_a_fa
 The image subject is built without training instead (tests/test_local_attention.py, image_model).
 """
 
-import jax
-import jax.numpy as jnp
+import os
+import tempfile
+
+# Compiles are most of the suite's time, and many programs recur: the tiny config trained and decoded by several
+# end-to-end tests, a Decoder rebuilt per sweep, the command-line tests' subprocesses (they inherit these variables).
+# One persistent XLA cache shares them; its keys hold the program, the flags and the jax version, so a hit is the
+# same executable a compile would give. Set before jax is imported, which reads them.
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(tempfile.gettempdir(), f'bpd-tests-xla-cache-{os.getuid()}'))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 import optax
 import pytest
