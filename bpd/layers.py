@@ -335,14 +335,18 @@ class FeedForward(nn.Module):
     return nn.Dense(self.d_model, dtype=self.dtype, name='wo')(h)
 
 
-class EncoderLayer(nn.Module):
-  """Pre-LayerNorm encoder layer: self-attention, then feed-forward, each with a residual."""
+class LayerSizes(nn.Module):
+  """The fields both Transformer layers take, in the order bpd/model.py passes them."""
   num_heads: int
   d_model: int
   d_ff: int
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+
+
+class EncoderLayer(LayerSizes):
+  """Pre-LayerNorm encoder layer: self-attention, then feed-forward, each with a residual."""
 
   @nn.compact
   def __call__(self, x_BxSxD, mask_BxSxS, deterministic=True):
@@ -356,7 +360,7 @@ class EncoderLayer(nn.Module):
     return x_BxSxD + drop(h, deterministic=deterministic)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(LayerSizes):
   """Pre-LayerNorm decoder layer: causal self-attention, cross-attention, feed-forward.
 
   `__call__` runs a whole target sequence at once (training, reference for the cache tests).
@@ -364,12 +368,6 @@ class DecoderLayer(nn.Module):
   With attention_block = W > 0 the self-attention is local: each position sees its own block of W positions
   and the previous one (module docstring); both methods compute the same function.
   """
-  num_heads: int
-  d_model: int
-  d_ff: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: jnp.dtype = jnp.float32
   attention_block: int = 0  # 0: full causal self-attention; W > 0: local 1D blocks of W positions
 
   def setup(self):
