@@ -37,6 +37,17 @@ def pytest_configure(config):
   config.addinivalue_line('markers', 'slow: end-to-end test in subprocesses; deselect with -m "not slow"')
 SRC_LEN = 10
 
+# The slowest files first (from --durations): `--dist loadfile` hands files to the workers in collection order, so
+# a long file collected last would run alone at the end while the other worker idles.
+SLOWEST_FIRST = ('test_trees.py', 'test_pipeline.py', 'test_decoding.py', 'test_accelerator_run.py',
+                 'test_sharding.py', 'test_heads_training.py', 'test_speculative.py', 'test_model.py',
+                 'test_local_attention.py', 'test_superres.py', 'test_speculative_block.py')
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
 
 def toy_batch(rng: np.random.RandomState, batch: int):
   """Source: 3..8 random words then padding; target: the words reversed, then EOS."""

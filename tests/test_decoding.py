@@ -14,7 +14,7 @@ from bpd.errors import UserError
 from tests import reference
 from tests.stubs import BOS, EOS, Stub
 
-SETTINGS = hypothesis.settings(max_examples=30, deadline=None, derandomize=True, database=None)
+SETTINGS = hypothesis.settings(max_examples=25, deadline=None, derandomize=True, database=None)
 
 
 @functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'k', 'max_len', 'criterion'))
