@@ -195,11 +195,16 @@ def choose(config, workdir: str, nodes: list[int], ranks: int, examples: int, ba
   return built
 
 
-def run_choose_tree():
+def parse_nodes(values) -> list[int]:
+  """--nodes as integers (choose_tree, where_tau_stops)."""
   try:
-    nodes = [int(n) for n in _NODES.value]
+    return [int(n) for n in values]
   except ValueError:
-    raise UserError(f'--nodes={",".join(_NODES.value)}: give integers, e.g. --nodes=8,16,32.') from None
+    raise UserError(f'--nodes={",".join(values)}: give integers, e.g. --nodes=8,16,32.') from None
+
+
+def run_choose_tree():
+  nodes = parse_nodes(_NODES.value)
   logging.info('choose_tree: %s', _WORKDIR.value)
   return choose(_CONFIG.value, _WORKDIR.value, nodes, _RANKS.value, _EXAMPLES.value, _BATCH.value)
 
@@ -427,12 +432,8 @@ def where_tau_stops(config, workdir: str, split: str, heads: int, nodes: list[in
 
 
 def run_where_tau_stops():
-  try:
-    nodes = [int(n) for n in _NODES.value]
-  except ValueError:
-    raise UserError(f'--nodes={",".join(_NODES.value)}: give integers, e.g. --nodes=8,16,32.') from None
-  text = where_tau_stops(_CONFIG.value, _WORKDIR.value, _SPLIT.value, _HEADS.value, nodes, _EXAMPLES.value,
-                         _BATCH.value)
+  text = where_tau_stops(_CONFIG.value, _WORKDIR.value, _SPLIT.value, _HEADS.value, parse_nodes(_NODES.value),
+                         _EXAMPLES.value, _BATCH.value)
   print(text)
   if _OUT.value:
     files.write_atomic(_OUT.value, text)
