@@ -183,7 +183,7 @@ def check_decode(config, workdir: str, model_config) -> list:
 def _check_trees(config, workdir: str, model_config) -> list:
   """(what, tree, spec) for every spec of config.decode.trees (bpd/trees.py) at every k' >= 2 of config.decode.ks
   (a tree of k' heads: depth k'; 'chain' is the ks chains themselves); UserError for a bad spec, for a missing
-  WORKDIR/trees.json, for images, for a plain model or for static trees with sequential heads. A spec that cannot
+  WORKDIR/trees.json, for images, for a plain model or for static trees with sequential heads (dynamic:N runs). A spec that cannot
   be built with k' heads (more nodes than k' heads offer) is left out at that k', logged."""
   specs, model_k = tuple(config.decode.trees), model_config.k
   if not specs:
@@ -212,8 +212,9 @@ def _check_trees(config, workdir: str, model_config) -> list:
 
 
 def tree_runs_on(tree, head_type: str) -> bool:
-  """Whether the model's heads can draft this tree: sequential heads draft one path (a chain) only."""
-  return head_type != 'sequential' or (isinstance(tree, decoding.Layout) and tree.is_chain)
+  """Whether the model's heads can draft this tree: sequential heads draft chains and context-aware trees (each
+  parent expanded from its own token), not static trees (one choice list per depth)."""
+  return head_type != 'sequential' or isinstance(tree, decoding.Dynamic) or tree.is_chain
 
 
 def check_distill(config, workdir: str) -> None:

@@ -159,9 +159,10 @@ class Decoder:
     return one_per_call(decoding.greedy(score_fn, self._init(init_state, src_BxS), fixed=self._fixed(src_BxS)))
 
   def _blockwise(self, params_k, src_BxS, rule, key, tree):  # params_k: the first tree.depth heads (`_heads`)
-    init_state, score_fn, propose_fn = model_lib.decode_fns(self._model(tree.depth), params_k)
+    init_state, score_fn, propose_fn, expand_fn = model_lib.decode_fns(self._model(tree.depth), params_k,
+                                                                       with_expand=True)
     state = self._init(init_state, src_BxS, block=tree.num_nodes)
-    return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache), state,
+    return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn), state,
                               fixed=self._fixed(src_BxS), tree=tree, rule=rule, key=key if rule.draws else None)
 
   def _sample(self, params, src_BxS, temperature, key, top_k, top_p):

@@ -21,7 +21,12 @@ function:
   move_fn(state, start_B, source_BxD) -> new_state
       Copies what slot start_B[b] + source_BxD[b, d] holds to slot start_B[b] + d, for every d, as if the
       tokens had been fed there (the accepted path of a tree, made contiguous).
-The three travel together as a ModelFns.
+A context-aware tree (`Dynamic`) over heads whose choices depend on the token before them (sequential heads)
+also takes a fourth:
+  expand_fn(hidden_Bx..., depth, parents_BxW) -> logits_BxWxV
+      Head depth + 1's logits at the row's last accepted position, fed each of W parent tokens (the nodes at depth
+      depth - 1 it would continue): every parent gets its own children, as EAGLE-2 expands its draft tree.
+The four travel together as a ModelFns.
 
 All functions here are pure and traceable: jit the function that calls them (the model's parameters as
 its argument), with the tree, the rule's static fields and the `Fixed` settings static. Every loop is a
@@ -60,6 +65,7 @@ PAD_ID = 0
 ScoreFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any, Any]]
 ProposeFn = Callable[[Any], jax.Array]
 MoveFn = Callable[[Any, jax.Array, jax.Array], Any]
+ExpandFn = Callable[[Any, int, jax.Array], jax.Array]
 
 
 # -- acceptance rules ----------------------------------------------------------------------------------------
@@ -132,6 +138,8 @@ class Criterion:
       if tree.depth == 1:
         return best_B[:, None], ()
       return jnp.concatenate([best_B[:, None], argmax(heads_BxDm1xV[:, :tree.depth - 1])], axis=1), ()
+    if isinstance(tree, RowTree):  # its tokens were chosen as it was built (Dynamic.build); node 0 is best_B
+      return tree.token_BxN, ()
     B = best_B.shape[0]
     t = tree_arrays(tree, B)
     depth = t['path'].shape[2]
@@ -361,11 +369,13 @@ TreePaths = tuple  # tuple of paths, each a tuple of ranks; hashable, so a stati
 
 
 class ModelFns(NamedTuple):
-  """The model as the loop sees it (module docstring): score_fn, propose_fn, and move_fn for trees that are not
-  chains (None is fine for a chain)."""
+  """The model as the loop sees it (module docstring): score_fn, propose_fn, move_fn for trees that are not
+  chains (None is fine for a chain), and expand_fn for heads that are fed their parent's token (None: the heads'
+  choices do not depend on the node they continue, and a context-aware tree reads propose_fn's)."""
   score: ScoreFn
   propose: ProposeFn
   move: MoveFn | None = None
+  expand: ExpandFn | None = None
 
 
 def chain_tree(k: int) -> TreePaths:
@@ -478,16 +488,17 @@ class RowTree:
   """A tree per row, all of N nodes in canonical order (a parent before its children, node 0 = head 1's choice),
   built on device each iteration (`Dynamic`). Fields as Layout's, per row."""
   depth_BxN: jax.Array         # int32 [B, N]
-  rank_BxN: jax.Array          # int32 [B, N]; rank of the node's token among its head's choices
+  rank_BxN: jax.Array          # int32 [B, N]; rank of the node's token among its parent's choices
   parent_BxN: jax.Array        # int32 [B, N]; -1 at the root
   ancestor_BxNxN: jax.Array    # bool [B, N, N]
   path_BxNxD: jax.Array        # int32 [B, N, D]
+  token_BxN: jax.Array         # int32 [B, N]; the node's token (node 0: head 1's argmax)
   num_ranks: int = flax.struct.field(pytree_node=False, default=1)  # ranks are below this at every depth
 
 
-def row_tree(depth_BxN, rank_BxN, parent_BxN, depth: int, num_ranks: int) -> RowTree:
-  """A RowTree from each node's depth, rank and parent (parents before children): the ancestor mask and the
-  paths follow the parent pointers, D steps up, on device."""
+def row_tree(depth_BxN, rank_BxN, parent_BxN, token_BxN, depth: int, num_ranks: int) -> RowTree:
+  """A RowTree from each node's depth, rank, parent (parents before children) and token: the ancestor mask and
+  the paths follow the parent pointers, D steps up, on device."""
   B, N = parent_BxN.shape
   node_BxN = jnp.broadcast_to(jnp.arange(N), (B, N))
   ancestor_BxNxN = jnp.zeros((B, N, N), bool)
@@ -502,7 +513,7 @@ def row_tree(depth_BxN, rank_BxN, parent_BxN, depth: int, num_ranks: int) -> Row
                            path_BxNxD)
     up_BxN = jnp.where(live_BxN, jnp.take_along_axis(parent_BxN, safe_BxN, axis=1), -1)
   return RowTree(depth_BxN=depth_BxN, rank_BxN=rank_BxN, parent_BxN=parent_BxN, ancestor_BxNxN=ancestor_BxNxN,
-                 path_BxNxD=path_BxNxD, num_ranks=num_ranks)
+                 path_BxNxD=path_BxNxD, token_BxN=token_BxN, num_ranks=num_ranks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -510,11 +521,16 @@ class Dynamic:
   """A context-aware tree of `num_nodes` nodes per row and iteration (EAGLE-2, Li et al. 2024; DESIGN §8).
 
   A node's score is the product of the heads' probabilities along its path (head d + 1's probability of the
-  node's token at depth d, independent heads: Π_d q_{d+1}(t_d)). Each depth keeps its `beam` best nodes, each
-  expanded with the `ranks` most likely tokens of the next head; of all nodes seen the `num_nodes` best form the
-  tree. A child never scores above its parent (probabilities are <= 1) and ties go to the shallower node, so
-  the chosen set holds every chosen node's parent: it is a tree. The root is head 1's own choice (rank 0): under
-  the greedy criteria it is the one first token that always passes. `depth` heads are used (k of the model).
+  node's token at depth d given its parent). Each depth keeps its `beam` best nodes, each expanded with the
+  `ranks` most likely tokens of the next head; of all nodes seen the `num_nodes` best form the tree. A child never
+  scores above its parent (probabilities are <= 1) and ties go to the shallower node, so the chosen set holds
+  every chosen node's parent: it is a tree. The root is head 1's own choice (rank 0): under the greedy criteria
+  it is the one first token that always passes. `depth` heads are used (k of the model).
+
+  Independent heads (the paper's) give every parent at a depth the same choices, so one projection per head
+  serves the whole beam. Sequential heads are fed the token before the one they predict: each beam node is
+  expanded by running the next head from its own token (ModelFns.expand), W runs of a head per depth in one
+  batched call.
   """
   num_nodes: int
   depth: int
@@ -541,30 +557,37 @@ class Dynamic:
       raise UserError(f'Tree spec {self}: N must be between 1 and {most}, the candidate nodes of {self.depth} heads '
                       f'with beam {self.beam} and {min(self.ranks, vocab_size)} ranks per head.')
 
-  def build(self, head1_BxV, heads_BxDm1xV) -> RowTree:
-    """Every row's tree from head 1 (the root, rank 0) and heads 2..D at the last accepted position."""
+  def build(self, head1_BxV, children) -> RowTree:
+    """Every row's tree. head1_BxV: head 1's logits at the last accepted position (the root is their argmax).
+    children(d, parents_BxW) -> logits [B, W or 1, V]: head d + 1's, for the children of the W beam nodes at depth
+    d - 1, whose tokens are parents_BxW; 1 in place of W where every parent gets the same (independent heads)."""
     B, depth = head1_BxV.shape[0], self.depth
-    ranks = min(self.ranks, heads_BxDm1xV.shape[-1])
-    logp_BxDm1xR = jax.lax.top_k(jax.nn.log_softmax(heads_BxDm1xV[:, :depth - 1].astype(jnp.float32)), ranks)[0]
-    # Candidates in depth order: the root, then beam x ranks per depth below it. Each with (score, depth, rank,
-    # parent candidate).
-    score, cand_depth, cand_rank, cand_parent = [jnp.zeros((B, 1))], [0], [0], [-1]
-    beam_score_BxW, beam_index = jnp.zeros((B, 1)), jnp.zeros((B, 1), jnp.int32)  # the root is the first beam
+    ranks = min(self.ranks, head1_BxV.shape[-1])
+    root_B = argmax(head1_BxV)
+    # Candidates in depth order: the root, then beam x ranks per depth below it. Each with (score, token, depth,
+    # rank, parent candidate).
+    score, token, cand_depth, cand_rank = [jnp.zeros((B, 1))], [root_B[:, None]], [0], [0]
+    cand_parent = [jnp.full((B, 1), -1, jnp.int32)]
+    beam_score_BxW, beam_index_BxW, beam_token_BxW = jnp.zeros((B, 1)), jnp.zeros((B, 1), jnp.int32), root_B[:, None]
     offset = 1
     for d in range(1, depth):
       W = beam_score_BxW.shape[1]
-      child_BxWxR = beam_score_BxW[:, :, None] + logp_BxDm1xR[:, d - 1][:, None, :]
-      score.append(child_BxWxR.reshape(B, W * ranks))
+      logp_BxWxR, token_BxWxR = jax.lax.top_k(jax.nn.log_softmax(children(d, beam_token_BxW).astype(jnp.float32)),
+                                              ranks)
+      child_BxWxR = beam_score_BxW[:, :, None] + logp_BxWxR  # broadcasts a shared [B, 1, R] over the beam
+      child_BxM = child_BxWxR.reshape(B, W * ranks)
+      token_BxM = jnp.broadcast_to(token_BxWxR, (B, W, ranks)).reshape(B, W * ranks).astype(jnp.int32)
+      score.append(child_BxM)
+      token.append(token_BxM)
       cand_depth += [d] * (W * ranks)
       cand_rank += list(range(ranks)) * W
-      cand_parent.append(jnp.repeat(beam_index, ranks, axis=1))  # [B, W * R]
-      width = min(self.beam, W * ranks)
-      beam_score_BxW, pick_BxW = jax.lax.top_k(child_BxWxR.reshape(B, W * ranks), width)
-      beam_index = offset + pick_BxW.astype(jnp.int32)
+      cand_parent.append(jnp.repeat(beam_index_BxW, ranks, axis=1))  # [B, W * R]
+      beam_score_BxW, pick_BxW = jax.lax.top_k(child_BxM, min(self.beam, W * ranks))
+      beam_index_BxW = offset + pick_BxW.astype(jnp.int32)
+      beam_token_BxW = jnp.take_along_axis(token_BxM, pick_BxW, axis=1)
       offset += W * ranks
-    score_BxM = jnp.concatenate(score, axis=1)
-    parent_cands = [jnp.full((B, 1), -1, jnp.int32)] + [p.astype(jnp.int32) for p in cand_parent[1:]]
-    parent_BxM = jnp.concatenate(parent_cands, axis=1)
+    score_BxM, token_BxM = jnp.concatenate(score, axis=1), jnp.concatenate(token, axis=1)
+    parent_BxM = jnp.concatenate(cand_parent, axis=1)
     M = score_BxM.shape[1]
     # The N best; lax.top_k puts the lower index first on ties, and candidates are in depth order, so a child
     # that ties its parent comes after it. Sorted by index: depth order, so parents precede their children.
@@ -576,7 +599,8 @@ class Dynamic:
                            jnp.take_along_axis(position_BxM, jnp.maximum(parent_cand_BxN, 0), axis=1))
     depth_BxN = jnp.asarray(np.array(cand_depth, np.int32))[chosen_BxN]
     rank_BxN = jnp.asarray(np.array(cand_rank, np.int32))[chosen_BxN]
-    return row_tree(depth_BxN, rank_BxN, parent_BxN, depth, ranks)
+    return row_tree(depth_BxN, rank_BxN, parent_BxN, jnp.take_along_axis(token_BxM, chosen_BxN, axis=1), depth,
+                    ranks)
 
 
 def tree_arrays(tree: Layout | RowTree, batch: int) -> dict:
@@ -700,13 +724,17 @@ def block_keys(row_keys_B, start_B):
   return None if row_keys_B is None else jax.vmap(jax.random.fold_in)(row_keys_B, start_B)
 
 
-def _draft(rule, tree, target, hidden_Bx___, propose_fn, depth, keys_B):
+def _draft(rule, tree, target, hidden_Bx___, fns: ModelFns, depth, keys_B):
   """The next tree and its tokens from the outputs at the last accepted position: (nodes_BxN, tree, memo); tree is
   () for a static Layout (a constant of the trace), a RowTree for a Dynamic policy."""
   B = jax.tree.leaves(hidden_Bx___)[0].shape[0]
-  heads_BxDm1xV = propose_fn(hidden_Bx___)[:, :depth - 1] if depth > 1 else jnp.zeros((B, 0, 1), jnp.float32)
-  if isinstance(tree, Dynamic):
-    row = tree.build(target['logits_BxV'], heads_BxDm1xV)
+  if isinstance(tree, Dynamic) and fns.expand is not None:  # each parent's children from its own token
+    row = tree.build(target['logits_BxV'], lambda d, parents_BxW: fns.expand(hidden_Bx___, d, parents_BxW))
+    nodes_BxN, memo = rule.draft(target, None, row, keys_B)
+    return nodes_BxN, row, memo
+  heads_BxDm1xV = fns.propose(hidden_Bx___)[:, :depth - 1] if depth > 1 else jnp.zeros((B, 0, 1), jnp.float32)
+  if isinstance(tree, Dynamic):  # one head's choices serve every parent at its depth
+    row = tree.build(target['logits_BxV'], lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
     nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, row, keys_B)
     return nodes_BxN, row, memo
   nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, tree, keys_B)
@@ -719,7 +747,7 @@ def blockwise_init(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT,
   logits_Bx1xV, hidden, state = fns.score(state, jnp.full((B, 1), fixed.bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
   keys_B = block_keys(_row_keys(key, B), jnp.ones((B,), jnp.int32))
   nodes_BxN, row_tree_, memo = _draft(rule, tree, rule.target(logits_Bx1xV[:, 0]),
-                                      take_rows(hidden, jnp.zeros((B,), jnp.int32)), fns.propose, depth, keys_B)
+                                      take_rows(hidden, jnp.zeros((B,), jnp.int32)), fns, depth, keys_B)
   rows = start_rows(nodes_BxN[:, 0], depth=depth, fixed=fixed, ends_early=rule.ends_early(tree))
   return LoopState(model_state=state, rows=rows, nodes_BxN=nodes_BxN, tree=row_tree_, memo=memo, step=jnp.int32(0))
 
@@ -753,7 +781,7 @@ def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None):
     if not is_chain:  # the accepted path's keys and values to slots start .. start + D - 1 (past k̂: stale)
       model_state = fns.move(model_state, start_B, path_BxD)
     # Combined scoring and proposal (paper §4): the outputs at the last accepted node draft the next tree.
-    nodes_BxN, row_tree_, memo = _draft(rule, tree, target, take_rows(hidden, last_B), fns.propose, depth,
+    nodes_BxN, row_tree_, memo = _draft(rule, tree, target, take_rows(hidden, last_B), fns, depth,
                                         block_keys(row_keys_B, rows.length_B + 1))
     rows = close_iteration(s.rows, rows, k_hat_B, nodes_BxN[:, 0], fixed=fixed, ends_early=ends_early)
     return LoopState(model_state=model_state, rows=rows, nodes_BxN=nodes_BxN, tree=row_tree_, memo=memo,

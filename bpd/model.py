@@ -352,8 +352,8 @@ class Transformer(nn.Module):
     attending to the prefix and its own ancestors only (layers.tree_self_mask). A separate branch: without a tree
     nothing changes.
     """
-    if tree is not None and self._sequential():
-      raise UserError(SEQUENTIAL_TREES)
+    if tree is not None and self._sequential() and isinstance(tree[0], np.ndarray):
+      raise UserError(SEQUENTIAL_TREES)  # a static tree's nodes come from propose (one path); per-row: `expand`
     num_new = tokens_BxT.shape[1]
     if tree is None:
       positions_BxT = layers.query_positions(start_B, tokens_BxT.shape[0], num_new)
@@ -423,6 +423,41 @@ class Transformer(nn.Module):
       logits_Bx___xR = logits_Bx___xR + jnp.take(prior_Bx___xV, np.asarray(self.config.draft_ids), axis=-1)
     return logits_Bx___xR
 
+  def expand(self, hidden, depth: int, parents_BxW, split=None, draft_RxD=None):
+    """Sequential head depth + 1 (depth >= 1, static) at one position per row, fed each of W parent tokens (the
+    tokens a context-aware tree holds at depth - 1; bpd/decoding.py, Dynamic): logits [B, W, V] of the children of
+    each parent, every parent with its own (EAGLE-2's expansion, with our heads in place of EAGLE's drafter).
+    The W runs are one batched step: a [B·W, d] x [d, d_ff] head and one [B·W, d] x [d, V] (or [d, R]) projection.
+    split, draft_RxD: as propose's."""
+    if not self._sequential():
+      raise ValueError('expand runs sequential heads; independent heads give every parent the same choices (propose)')
+    hidden_BxD = hidden['hidden_BxTxD']
+    prior_BxKm1xV = hidden.get('prior_BxTxKm1xV')
+    prior_Bx1xV = None if prior_BxKm1xV is None else prior_BxKm1xV[:, depth - 1, None]
+    logits_BxWxX = self._sequential_head(hidden_BxD[:, None], depth - 1, parents_BxW, split, draft_RxD, prior_Bx1xV)
+    if self.config.draft_ids:
+      return spread_draft_logits(logits_BxWxX, self.config.draft_ids, self.config.vocab_size)
+    return logits_BxWxX
+
+  def _sequential_head(self, hidden_Bx___xD, n: int, token_Bx___, split, draft_RxD, prior_Bx___xV):
+    """Head n + 2's logits fed token_Bx___ (an id per row, or per row and parent): [..., X], X = R with a draft
+    vocabulary (config.draft_ids; the prior read at its ids), else V. The tied projection reads the transposed
+    embedding that `split` holds when decode_fns passes it (cut once per decode)."""
+    weights = None if split is None else split['heads'][n]
+    vector_Bx___xD = self.multi_output.one_head(hidden_Bx___xD, n, self.token_embedding(token_Bx___), weights)
+    draft = self.config.draft_ids
+    if draft:  # the [d, R] projection, cut once per decode when split comes from decode_fns
+      draft_DxR = split['draft_DxR'] if split is not None else (
+          self._draft_rows() if draft_RxD is None else draft_RxD).T
+      logits = jnp.dot(vector_Bx___xD.astype(draft_DxR.dtype), draft_DxR, preferred_element_type=jnp.float32)
+      prior_Bx___xV = None if prior_Bx___xV is None else jnp.take(prior_Bx___xV, np.asarray(draft, np.int32), axis=-1)
+    elif split is None:
+      logits = self.logits(vector_Bx___xD)
+    else:  # the tied projection, with the [D, V] transpose made once per decode rather than once per head
+      embedding_DxV = split['embedding_DxV']
+      logits = jnp.dot(vector_Bx___xD.astype(embedding_DxV.dtype), embedding_DxV, preferred_element_type=jnp.float32)
+    return logits if prior_Bx___xV is None else logits + prior_Bx___xV
+
   def _propose_sequential(self, hidden, heads, split=None, draft_RxD=None):
     """Sequential heads (head_type='sequential'; Hydra, Ankner et al. 2024) at one position per row: head 2 is fed
     head 1's argmax (hidden['first_BxT'], from score), head n + 2 the argmax of head n + 1. [B, k'-1, V].
@@ -438,27 +473,12 @@ class Transformer(nn.Module):
     hidden_BxD, token_B = hidden['hidden_BxTxD'], hidden['first_BxT']
     prior_BxKm1xV = hidden.get('prior_BxTxKm1xV')
     draft = self.config.draft_ids
-    if draft:  # the [d, R] projection, cut once per decode when split comes from decode_fns
-      ids_R = np.asarray(draft, np.int32)
-      draft_DxR = split['draft_DxR'] if split is not None else (
-          self._draft_rows() if draft_RxD is None else draft_RxD).T
     logits = []
     for n in range(heads - 1):
-      weights = None if split is None else split['heads'][n]
-      vector_BxD = self.multi_output.one_head(hidden_BxD, n, self.token_embedding(token_B), weights)
-      prior_BxX = None if prior_BxKm1xV is None else prior_BxKm1xV[:, n]  # X: R with a draft vocabulary, else V
-      if draft:
-        logits_BxX = jnp.dot(vector_BxD.astype(draft_DxR.dtype), draft_DxR, preferred_element_type=jnp.float32)
-        prior_BxX = None if prior_BxX is None else jnp.take(prior_BxX, ids_R, axis=-1)
-      elif split is None:
-        logits_BxX = self.logits(vector_BxD)
-      else:  # the tied projection, with the [D, V] transpose made once per decode rather than once per head
-        embedding_DxV = split['embedding_DxV']
-        logits_BxX = jnp.dot(vector_BxD.astype(embedding_DxV.dtype), embedding_DxV, preferred_element_type=jnp.float32)
-      if prior_BxX is not None:
-        logits_BxX = logits_BxX + prior_BxX
+      prior_BxV = None if prior_BxKm1xV is None else prior_BxKm1xV[:, n]
+      logits_BxX = self._sequential_head(hidden_BxD, n, token_B, split, draft_RxD, prior_BxV)  # X: R or V
       choice_B = jnp.argmax(logits_BxX, axis=-1)
-      token_B = (jnp.asarray(ids_R)[choice_B] if draft else choice_B).astype(jnp.int32)
+      token_B = (jnp.asarray(np.asarray(draft, np.int32))[choice_B] if draft else choice_B).astype(jnp.int32)
       logits.append(logits_BxX)
     if draft:  # one spread of all k' - 1 heads' logits: a V-float write per head
       return spread_draft_logits(jnp.stack(logits, axis=1), draft, self.config.vocab_size)
@@ -486,10 +506,11 @@ def draft_rows(params: Any, config: ModelConfig) -> jax.Array | None:
 
 
 SEQUENTIAL_TREES = (
-    'Tree decoding (config.decode.trees) is not available with model.head_type=sequential. A tree gives every node '
-    'at depth d the ranked choices of head d + 1 shared by all its parents (bpd/decoding.py, _tree_nodes), but a '
-    'sequential head\'s choices depend on the token of the node it continues: each parent would need its own run '
-    'of the heads. Decode chains (config.decode.trees=() or \'chain\'), or use a model with independent heads.')
+    'Static trees (config.decode.trees such as comb:2, dense:2, sparse:N or a path list) are not available with '
+    'model.head_type=sequential. A static tree gives every node at depth d the ranked choices of head d + 1, shared '
+    'by all its parents, but a sequential head\'s choices depend on the token of the node it continues. Use '
+    '\'dynamic:N\' (a context-aware tree: each parent is expanded by running the next head from its own token), '
+    '\'chain\', or a model with independent heads.')
 
 
 def split_sequential_heads(params: Any, num_heads: int, draft_RxD=None) -> dict:
@@ -575,13 +596,15 @@ def move_cache(state, start_B, source_BxD):
   return dict(state, layers=moved)
 
 
-def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
+def decode_fns(model: Transformer, params: Any, num_heads: int | None = None, with_expand: bool = False):
   """The model as the plain functions `bpd.decoding` takes, proposing with its first `num_heads` heads.
 
   Call inside the jitted function that decodes (with `params` a traced argument), so the parameters are
   not baked into the compiled program as constants; for bfloat16 models they are cast once here, outside the
   decoding loop (`params_in_compute_dtype`).
-  Returns (init_state(src_BxS, cache_len), score_fn(state, tokens_BxT, start_B), propose_fn(hidden_BxD)).
+  Returns (init_state(src_BxS, cache_len), score_fn(state, tokens_BxT, start_B), propose_fn(hidden_BxD)), and
+  with_expand a fourth: expand_fn(hidden, depth, parents_BxW) for context-aware trees with sequential heads
+  (`Transformer.expand`), None for independent heads, whose choices do not depend on the parent.
   """
   heads = model.config.k if num_heads is None else num_heads
   model, params = first_heads(model, params, heads)
@@ -602,4 +625,10 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None):
   def propose_fn(hidden_BxD):
     return model.apply(variables, hidden_BxD, split, draft_RxD, method=Transformer.propose)
 
-  return init_state, score_fn, propose_fn
+  if not with_expand:
+    return init_state, score_fn, propose_fn
+
+  def expand_fn(hidden, depth, parents_BxW):
+    return model.apply(variables, hidden, depth, parents_BxW, split, draft_RxD, method=Transformer.expand)
+
+  return init_state, score_fn, propose_fn, expand_fn if sequential else None

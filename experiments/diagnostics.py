@@ -248,7 +248,8 @@ def teacher_forced_trees(model, params, src_ids, greedy_ids, policies, batch_siz
     target = decoding.EXACT.target(head1_PxV)
     draft = decoding._draft  # pylint: disable=protected-access
     for policy in policies:  # the decoder's own drafting; its propose_fn here reads heads 2..D's logits as they are
-      nodes_PxN, tree, _ = draft(decoding.EXACT, policy, target, heads_PxDm1xV, lambda h: h, depth, None)
+      nodes_PxN, tree, _ = draft(decoding.EXACT, policy, target, heads_PxDm1xV,
+                                 decoding.ModelFns(None, lambda h: h), depth, None)
       out['trees'][policy.num_nodes] = {'depth': tree.depth_BxN, 'parent': tree.parent_BxN, 'token': nodes_PxN,
                                          'rank': tree.rank_BxN}
     return out

@@ -106,14 +106,31 @@ class Stub:
     return dict(state, h_BxL=state['h_BxL'].at[rows, start_B[:, None] + jnp.arange(source_BxD.shape[1])].set(h_BxD))
 
   def propose_fn(self, hidden):
+    return self._heads(hidden)[1]
+
+  def expand_fn(self, hidden, depth, parents_BxW):
+    """Heads fed their parent's token (bpd.decoding.ModelFns.expand; as sequential heads are): head depth + 1's
+    logits for the children of each of W parents at depth - 1, [B, W, V]. Fed the true greedy token there, the head
+    proposes as propose_fn's does; fed another token, its choice is a hash of (row, depth, parent), so a wrong
+    parent's children are as good as noise and differ from parent to parent."""
+    truth_BxK, heads_BxKm1xV = self._heads(hidden)
+    h_BxW = _mix(_mix(hidden['h'][:, None], parents_BxW), jnp.full_like(parents_BxW, 104729 * depth))
+    guess_BxW = FIRST_WORD + ((h_BxW >> np.uint32(5)) % np.uint32(self.vocab_size - FIRST_WORD)).astype(jnp.int32)
+    right_BxW = parents_BxW == truth_BxK[:, depth - 1, None]
+    return jnp.where(right_BxW[..., None], heads_BxKm1xV[:, depth - 1, None], self._logits(guess_BxW, h_BxW))
+
+  def _heads(self, hidden):
+    """(greedy's next k tokens from the hidden state's position [B, k], heads 2..k's logits [B, k - 1, V])."""
     h, pos, eos_at, digest = hidden['h'], hidden['pos'], hidden['eos_at'], hidden['digest']
     preds, seconds = [], []
     tok = self.next_token(h, pos, eos_at)
+    truth = [tok]
     for i in range(2, self.k + 1):
       digest = digest + _weighted(h, pos)
       h = _step(h, digest, tok)
       pos = pos + 1
       tok = self.next_token(h, pos, eos_at)
+      truth.append(tok)
       coin = (_mix(h, jnp.full_like(pos, 7919 * i)) % np.uint32(1000)).astype(jnp.float32) / 1000.0
       wrong = FIRST_WORD + (tok - FIRST_WORD + 1 + (h % np.uint32(self.vocab_size - FIRST_WORD - 1)).astype(
           jnp.int32)) % (self.vocab_size - FIRST_WORD)
@@ -126,7 +143,7 @@ class Stub:
     logits = self._logits(preds_BxKm1, hidden['h'][:, None])
     if self.runner_up_accuracy:  # margin 4 (+ noise < 1): below the first choice's 5, above every other token
       logits = logits + 4.0 * jax.nn.one_hot(jnp.stack(seconds, axis=1), self.vocab_size)
-    return logits
+    return jnp.stack(truth, axis=1), logits
 
   def reference_greedy(self, seed_B, eos_at_B, max_len):
     """Greedy decoding in plain numpy, one row at a time: the ground truth for the decoders."""

@@ -57,11 +57,15 @@ def _greedy(params, src, *, model):
   return decoding.greedy(score_fn, init_state(src, MAX_LEN + 1), fixed=_fixed(src))
 
 
-@functools.partial(jax.jit, static_argnames='model')
-def _blockwise(params, src, *, model):
-  init_state, score_fn, propose_fn = model_lib.decode_fns(model, params)
-  return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn), init_state(src, MAX_LEN + K + 1),
-                            fixed=_fixed(src), tree=decoding.layout(decoding.chain_tree(K)), rule=decoding.EXACT)
+CHAIN = decoding.layout(decoding.chain_tree(K))
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'tree'))
+def _blockwise(params, src, *, model, tree=CHAIN):
+  init_state, score_fn, propose_fn, expand_fn = model_lib.decode_fns(model, params, with_expand=True)
+  return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn),
+                            init_state(src, MAX_LEN + tree.num_nodes + 1), fixed=_fixed(src), tree=tree,
+                            rule=decoding.EXACT)
 
 
 def _plain(model):
@@ -83,14 +87,16 @@ def subjects():
           for head_type, (m, p) in built.items()}
 
 
+@pytest.mark.parametrize('tree', [CHAIN, decoding.Dynamic(8, K, beam=3, ranks=3)], ids=['chain', 'dynamic'])
 @pytest.mark.parametrize('head_type', ['independent', 'sequential'])
 @hypothesis.given(seed=st.integers(0, 2**31 - 1))
 @SETTINGS
-def test_exact_blockwise_with_a_draft_vocabulary_equals_greedy(subjects, head_type, seed):
+def test_exact_blockwise_with_a_draft_vocabulary_equals_greedy(subjects, head_type, tree, seed):
+  """Chains and context-aware trees (sequential heads: each parent expanded over the draft ids)."""
   model, params = subjects[head_type]
   src = jnp.asarray(sequential_subject._sources(np.random.RandomState(seed % 2**31), BATCH))
   greedy_tokens, greedy_length, _ = _greedy(params, src, model=_plain(model))
-  block = _blockwise(params, src, model=model)
+  block = _blockwise(params, src, model=model, tree=tree)
   np.testing.assert_array_equal(np.asarray(block.tokens_BxL), np.asarray(greedy_tokens))
   np.testing.assert_array_equal(np.asarray(block.length_B), np.asarray(greedy_length))
 

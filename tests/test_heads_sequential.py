@@ -7,7 +7,8 @@ score to propose in the hidden pytree). What must hold, each by construction rat
 - the cached decode-time proposals are the full-sequence training-time heads fed the same tokens;
 - the sampled-head loss is that head's loss of the mean path; the frozen regime moves only the heads;
 - 'independent' stays the paper's model: default everywhere, the same parameter tree, old model.json files load;
-- trees are refused with a UserError before anything compiles.
+- context-aware trees (dynamic:N) expand each parent from its own token and stay exact; static trees are refused
+  with a UserError before anything compiles.
 """
 
 import dataclasses
@@ -283,13 +284,13 @@ def test_bad_head_type_is_refused():
   checks.check_model(common.override(demo.get_config(), **{'model.head_type': 'sequential'}))
 
 
-def test_trees_are_refused_with_sequential_heads(subject, tmp_path):
-  """Before the sweep compiles (checks.tree_runs_on: 'chain' is a one-path tree and passes), and at trace time
-  for a direct call of the tree decoder (score refuses the tree argument)."""
+def test_static_trees_are_refused_with_sequential_heads(subject, tmp_path):
+  """Before the sweep compiles (checks.tree_runs_on: 'chain' is a one-path tree and passes, and so does a
+  context-aware tree), and at trace time for a direct call of the tree decoder (score refuses a static tree)."""
   assert checks.tree_runs_on(trees.parse_tree_spec('chain', K), 'sequential')
-  for spec in ('comb:2', 'dynamic:8'):
-    assert not checks.tree_runs_on(trees.parse_tree_spec(spec, K), 'sequential')
-    assert checks.tree_runs_on(trees.parse_tree_spec(spec, K), 'independent')
+  assert checks.tree_runs_on(trees.parse_tree_spec('dynamic:8', K), 'sequential')
+  assert not checks.tree_runs_on(trees.parse_tree_spec('comb:2', K), 'sequential')
+  assert checks.tree_runs_on(trees.parse_tree_spec('comb:2', K), 'independent')
 
   model, params = subject
 
@@ -301,3 +302,40 @@ def test_trees_are_refused_with_sequential_heads(subject, tmp_path):
                               tree=decoding.layout(((0,), (1,), (0, 0))))
   with pytest.raises(UserError, match='head_type=sequential'):  # raised while tracing: nothing compiles
     tree_decode(params, jnp.asarray(_sources(np.random.RandomState(0), 2)))
+
+
+@pytest.mark.parametrize('tree', [decoding.Dynamic(6, 3, beam=2, ranks=3), decoding.Dynamic(16, 4)])
+def test_exact_dynamic_tree_with_sequential_heads_equals_greedy(subject, tree):
+  """Each parent expanded from its own token (Transformer.expand), a tree per row through the real mask,
+  positions and cache move: greedy's output, token for token."""
+  model, params = subject
+  src = jnp.asarray(_sources(np.random.RandomState(1), 16))
+  fixed = decoding.Fixed(batch_size=16, max_len=MAX_LEN, bos_id=BOS, eos_id=EOS)
+  (greedy_tokens, greedy_length, _), block = reference.greedy_and_blockwise(params, src, model=model, tree=tree,
+                                                                            fixed=fixed)
+  np.testing.assert_array_equal(np.asarray(block.tokens_BxL), np.asarray(greedy_tokens))
+  np.testing.assert_array_equal(np.asarray(block.length_B), np.asarray(greedy_length))
+  assert decoding.summarize(block)['mean_accepted_block_size'] > 1.0
+
+
+def test_expand_runs_the_head_from_each_parents_token(subject):
+  """expand(hidden, d, parents)[:, w] is head d + 1 fed parents[:, w]: fed the tokens the chain feeds (head 1's
+  argmax for head 2, head 2's argmax for head 3), it gives propose's logits; fed other tokens, other logits."""
+  model, params = subject
+  src = jnp.asarray(_sources(np.random.RandomState(2), 4))
+
+  @jax.jit
+  def heads(params, src):
+    init_state, score_fn, propose_fn, expand_fn = model_lib.decode_fns(model, params, with_expand=True)
+    _, hidden, _ = score_fn(init_state(src, 8), jnp.full((4, 1), BOS, jnp.int32), jnp.zeros((4,), jnp.int32))
+    hidden = jax.tree.map(lambda x: x[:, 0], hidden)
+    proposed_BxKm1xV = propose_fn(hidden)
+    first_B, second_B = hidden['first_BxT'], jnp.argmax(proposed_BxKm1xV[:, 0], axis=-1).astype(jnp.int32)
+    others_B = (first_B + 1) % VOCAB
+    return (proposed_BxKm1xV, expand_fn(hidden, 1, jnp.stack([first_B, others_B], axis=1)),
+            expand_fn(hidden, 2, second_B[:, None]))
+
+  proposed, depth1_Bx2xV, depth2_Bx1xV = (np.asarray(x) for x in heads(params, src))
+  np.testing.assert_allclose(depth1_Bx2xV[:, 0], proposed[:, 0], atol=1e-5)
+  np.testing.assert_allclose(depth2_Bx1xV[:, 0], proposed[:, 1], atol=1e-5)
+  assert np.abs(depth1_Bx2xV[:, 1] - depth1_Bx2xV[:, 0]).max() > 0.1  # head 2 copies its token: a different one

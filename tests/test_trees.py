@@ -49,7 +49,7 @@ def test_layout_of_a_small_tree():
   assert decoding.check_tree(decoding.chain_tree(3), k=3) == ((0,), (0, 0), (0, 0, 0))
   # A tree per row built from the parents alone has the same ancestors and paths.
   rows = decoding.row_tree(jnp.asarray(layout.depth_N)[None], jnp.asarray(layout.rank_N)[None],
-                           jnp.asarray(layout.parent_N)[None], depth=3, num_ranks=2)
+                           jnp.asarray(layout.parent_N)[None], jnp.zeros((1, 5), jnp.int32), depth=3, num_ranks=2)
   np.testing.assert_array_equal(np.asarray(rows.ancestor_BxNxN[0]), layout.ancestor_NxN)
   for n, path in enumerate(paths):
     assert np.asarray(rows.path_BxNxD[0, n, :len(path)]).tolist() == layout.path_NxD[n, :len(path)].tolist()
@@ -78,10 +78,12 @@ def test_min_block_needs_the_rank_zero_path():
 
 # -- stub model --------------------------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'tree', 'max_len', 'criterion'))
-def _decode(seed_B, eos_at_B, *, stub, batch_size, tree, max_len, criterion):
+@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'tree', 'max_len', 'criterion', 'expand'))
+def _decode(seed_B, eos_at_B, *, stub, batch_size, tree, max_len, criterion, expand=False):
+  """expand: the stub's heads are fed their parent's token (Stub.expand_fn), as sequential heads are."""
   state = stub.init_state(seed_B, eos_at_B, max_len + tree.num_nodes + 1)
-  return decoding.blockwise(decoding.ModelFns(stub.score_fn, stub.propose_fn, stub.move_fn), state,
+  fns = decoding.ModelFns(stub.score_fn, stub.propose_fn, stub.move_fn, stub.expand_fn if expand else None)
+  return decoding.blockwise(fns, state,
                             fixed=decoding.Fixed(batch_size=batch_size, max_len=max_len, bos_id=BOS, eos_id=EOS),
                             tree=tree, rule=criterion)
 
@@ -96,11 +98,11 @@ class _Unspecialised(decoding.Layout):
     return False
 
 
-def run(stub, seed_B, eos_at_B, max_len, paths, criterion=decoding.Criterion(), with_blockwise=False):
+def run(stub, seed_B, eos_at_B, max_len, paths, criterion=decoding.Criterion(), with_blockwise=False, expand=False):
   """The result over `paths` (a topology, or a decoding.Dynamic), or (the chain of all stub.k heads, that result)
-  with_blockwise."""
+  with_blockwise. expand: the heads are fed their parent's token (`_decode`)."""
   args = jnp.asarray(np.asarray(seed_B)), jnp.asarray(np.asarray(eos_at_B))
-  statics = dict(stub=stub, batch_size=len(seed_B), max_len=max_len, criterion=criterion)
+  statics = dict(stub=stub, batch_size=len(seed_B), max_len=max_len, criterion=criterion, expand=expand)
   tree = paths if isinstance(paths, (decoding.Dynamic, decoding.Layout)) else decoding.layout(
       decoding.check_tree(paths, stub.k))
   result = _decode(*args, tree=tree, **statics)
@@ -197,6 +199,7 @@ dynamic_cases = st.fixed_dictionaries({
     'runner_up': st.sampled_from([0.0, 0.9]),
     'noise_levels': st.sampled_from([1000, 2]),  # 2: the heads' other tokens tie in pairs and beyond
     'eos_rate': st.sampled_from([0, 5]),
+    'expand': st.booleans(),  # heads fed their parent's token (sequential heads), or one choice list per depth
     'seed': st.integers(0, 2**31 - 1),
 })
 
@@ -204,17 +207,51 @@ dynamic_cases = st.fixed_dictionaries({
 @hypothesis.given(dynamic_cases)
 @SETTINGS
 def test_exact_dynamic_tree_equals_greedy_reference(case):
-  """Rows with different trees in one batch (each row's heads differ), ties in the heads' scores included: the
-  output is greedy's, token for token, at every batch size."""
+  """Rows with different trees in one batch (each row's heads differ), ties in the heads' scores included, with
+  heads that are fed their parent's token or not: the output is greedy's, token for token, at every batch size."""
   stub = Stub(vocab_size=16, k=4, head_accuracy=case['accuracy'], eos_rate=case['eos_rate'],
               runner_up_accuracy=case['runner_up'], noise_levels=case['noise_levels'])
   rng = np.random.RandomState(case['seed'] % 2**31)
   seed_B = rng.randint(0, 2**31, size=case['batch'])
   eos_at_B = rng.randint(1, case['max_len'] + 3, size=case['batch'])
   reference_tokens = stub.reference_greedy(seed_B, eos_at_B, case['max_len'])
-  result = run(stub, seed_B, eos_at_B, case['max_len'], case['tree'])
+  result = run(stub, seed_B, eos_at_B, case['max_len'], case['tree'], expand=case['expand'])
   np.testing.assert_array_equal(np.asarray(result.tokens_BxL), reference_tokens)
   np.testing.assert_array_equal(np.asarray(result.length_B), (reference_tokens != 0).sum(axis=1))
+
+
+def test_a_tree_expanded_per_parent_gives_each_node_its_parents_choice():
+  """With heads fed their parent's token, node n at depth d holds the rank_n-th choice of head d + 1 fed the token
+  of n's parent, and its score ranks it among all candidates: every path's product beats every left-out node's."""
+  B, V, tree = 5, 12, decoding.Dynamic(10, 4, beam=3, ranks=3)
+  head1_BxV = jax.random.normal(jax.random.PRNGKey(0), (B, V))
+  table_DxVxV = 3.0 * jax.random.normal(jax.random.PRNGKey(1), (4, V, V))  # [depth, parent token, child logits]
+  built = tree.build(head1_BxV, lambda d, parents_BxW: table_DxVxV[d][parents_BxW])
+  token, parent, depth, rank = (np.asarray(x) for x in (built.token_BxN, built.parent_BxN, built.depth_BxN,
+                                                        built.rank_BxN))
+  assert (token[:, 0] == np.argmax(np.asarray(head1_BxV), axis=1)).all()
+  logp_DxVxV = np.asarray(jax.nn.log_softmax(table_DxVxV))
+  score = np.zeros((B, tree.num_nodes))
+  for b in range(B):
+    for n in range(1, tree.num_nodes):
+      p = parent[b, n]
+      assert 0 <= p < n and depth[b, n] == depth[b, p] + 1
+      order = np.argsort(-logp_DxVxV[depth[b, n], token[b, p]], kind='stable')
+      assert token[b, n] == order[rank[b, n]]
+      score[b, n] = score[b, p] + logp_DxVxV[depth[b, n], token[b, p], token[b, n]]
+  # Children of different parents differ: the tree is not one choice list per depth.
+  assert any(len({token[b, n] for n in range(tree.num_nodes) if depth[b, n] == 2 and rank[b, n] == 0}) > 1
+             for b in range(B))
+  # The chosen nodes' scores are the top N of the candidates: the worst chosen one is no worse than the best child
+  # of a chosen node that was left out (the children of chosen beam nodes are candidates).
+  for b in range(B):
+    for n in range(tree.num_nodes):
+      if depth[b, n] == 3:
+        continue
+      kids = {token[b, m] for m in range(tree.num_nodes) if parent[b, m] == n}
+      left = [score[b, n] + logp_DxVxV[depth[b, n] + 1, token[b, n], v] for v in
+              np.argsort(-logp_DxVxV[depth[b, n] + 1, token[b, n]], kind='stable')[:3] if v not in kids]
+      assert all(value <= score[b].min() + 1e-5 for value in left) or len(kids) == 0
 
 
 def test_dynamic_trees_differ_per_row_and_accept_more_than_a_static_tree_of_the_same_size():
@@ -224,7 +261,7 @@ def test_dynamic_trees_differ_per_row_and_accept_more_than_a_static_tree_of_the_
   tree = decoding.Dynamic(8, 4, beam=4, ranks=4)
   head1_BxV = jax.random.normal(jax.random.PRNGKey(0), (6, 16))
   heads_BxDm1xV = 3.0 * jax.random.normal(jax.random.PRNGKey(1), (6, 3, 16))
-  built = tree.build(head1_BxV, heads_BxDm1xV)
+  built = tree.build(head1_BxV, lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
   parents = np.asarray(built.parent_BxN)
   assert len({tuple(row) for row in parents.tolist()}) > 1
   assert (parents[:, 0] == -1).all() and (parents[:, 1:] >= 0).all() and (parents[:, 1:] < np.arange(1, 8)).all()
