@@ -195,6 +195,10 @@ def _check_trees(config, workdir: str, model_config) -> list:
     raise UserError(f'config.decode.trees={specs}: the model in {workdir} has k=1, no proposal heads to build a tree '
                     'from. Train heads first (config.train.regime=frozen or finetune).')
   ks = [k for k in config.decode.ks if 2 <= k <= model_k]
+  if not ks and any(spec != 'chain' for spec in specs):
+    raise UserError(f'config.decode.trees={specs} needs a k\' of at least 2 in config.decode.ks={tuple(config.decode.ks)} '
+                    f'(a tree of k\' heads; the model has k={model_k}): add one, e.g. '
+                    f'--config.decode.ks=({min(4, model_k)},), or set config.decode.trees=().')
   out = []
   for spec in specs:
     tree = trees.parse_tree_spec(spec, model_k, workdir, model_config.vocab_size)  # raises for a bad spec

@@ -506,7 +506,7 @@ def draft_rows(params: Any, config: ModelConfig) -> jax.Array | None:
 
 
 SEQUENTIAL_TREES = (
-    'Static trees (config.decode.trees such as comb:2, dense:2, sparse:N or a path list) are not available with '
+    'Static trees (config.decode.trees such as comb:2, dense:2, nodes:N or a path list) are not available with '
     'model.head_type=sequential. A static tree gives every node at depth d the ranked choices of head d + 1, shared '
     'by all its parents, but a sequential head\'s choices depend on the token of the node it continues. Use '
     '\'dynamic:N\' (a context-aware tree: each parent is expanded by running the next head from its own token), '

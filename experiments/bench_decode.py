@@ -221,6 +221,8 @@ if __name__ == '__main__':
   # profile
   _RUNS = flags.DEFINE_integer('runs', 5, 'profile: profiled runs of each loop (after one untimed warm-up).')
   _TOP = flags.DEFINE_integer('top', 12, 'profile: kernels listed per program.')
+  _PROFILE_TREES = flags.DEFINE_list('trees', [], "profile: also each of these trees at every k, e.g. 'dynamic:16' "
+                                     '(exact rule; trip count = its iterations), with the config\'s head type.')
   _MARKDOWN = flags.DEFINE_string('markdown', None, 'profile: write the tables here too.')
   _REDUCE = flags.DEFINE_enum('reduce', 'sum', ['sum', 'median'], "profile: a kernel's time: the sum of its runs, or "
                               'its median run times its runs (robust to preemptions on a loaded machine).')
@@ -655,8 +657,10 @@ def kernel_table(title, kernels, instructions, steps, top):
           + report.markdown_table(rows, columns))
 
 
-def loop_programs(model, params, state, k_values, max_len):
-  """{name: (jitted fn of no arguments, trip count)}: greedy and the blockwise loop for each k."""
+def loop_programs(model, params, state, k_values, max_len, tree_specs=()):
+  """{name: (jitted fn, args, static kwargs, trip count)}: greedy and the blockwise loop for each k; with
+  tree_specs, the exact-rule loop over each tree (a spec of bpd/trees.py without trees.json, e.g. 'dynamic:16') at
+  each k, whose trip count (its iterations: random heads are rarely right) is read from one run."""
   batch = state['src_mask_BxS'].shape[0]
   fixed = decoding.Fixed(batch_size=batch, max_len=max_len, bos_id=BOS, eos_id=NEVER)
 
@@ -673,28 +677,45 @@ def loop_programs(model, params, state, k_values, max_len):
     return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed,
                               tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k)).tokens_BxL
 
+  @functools.partial(jax.jit, static_argnames=('k', 'tree'))
+  def run_tree(params_k, state, k, tree):
+    model_k = model_lib.Transformer(dataclasses.replace(model.config, k=k))
+    _, score_fn, propose_fn, expand_fn = model_lib.decode_fns(model_k, params_k, with_expand=True)
+    result = decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn), state,
+                                fixed=fixed, tree=tree, rule=decoding.EXACT)
+    return result.tokens_BxL, result.invocations
+
   first_heads = jax.jit(lambda params, k: model_lib.first_heads(model, params, k)[1], static_argnames='k')
   out = {'greedy': (run_greedy, (params, state), {}, max_len)}
   for k in k_values:
     out[f'blockwise k={k}'] = (run_block, (first_heads(params, k=k), state), {'k': k}, -(-max_len // k))
+    for spec in tree_specs:
+      tree = trees.parse_tree_spec(spec, k, vocab_size=model.config.vocab_size)
+      args = (first_heads(params, k=k), state)
+      iterations = int(run_tree(*args, k=k, tree=tree)[1]) - 1
+      out[f'{spec} k={k}'] = (run_tree, args, {'k': k, 'tree': tree}, iterations)
   return out
 
 
 def run_profile(config):
   k_values = [int(k) for k in _KS.value]
-  model, params = random_model(config, max(k_values))
+  model, params = random_model(config, max(k_values), head_type=config.model.head_type)
   c = model.config
-  cache_len = _MAX_LEN.value + max(k_values) + 1
+  tree_nodes = [trees.parse_tree_spec(spec, max(k_values), vocab_size=c.vocab_size).num_nodes
+                for spec in _PROFILE_TREES.value]
+  cache_len = _MAX_LEN.value + max(k_values + tree_nodes) + 1
   encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p)[0](s, cache_len))
   tables = [f'model {config.model.size}: d={c.d_model}, {c.num_decoder_layers} decoder layers, ff {c.d_ff}, '
-            f'vocab {c.vocab_size}, {c.dtype}; {_MAX_LEN.value} tokens per run, {_RUNS.value} profiled runs, '
+            f'vocab {c.vocab_size}, {c.dtype}, {c.head_type} heads; {_MAX_LEN.value} tokens per run, '
+            f'{_RUNS.value} profiled runs, '
             f'kernel time {_REDUCE.value}; '
             f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}']
   rng = np.random.RandomState(0)
   for batch in [int(b) for b in _BATCH_SIZES.value]:
     src = jnp.asarray(rng.randint(4, c.vocab_size, size=(batch, _SRC_LEN.value)), jnp.int32)
     state = jax.block_until_ready(encode(params, src))
-    for name, (jitted, args, kwargs, steps) in loop_programs(model, params, state, k_values, _MAX_LEN.value).items():
+    programs = loop_programs(model, params, state, k_values, _MAX_LEN.value, _PROFILE_TREES.value)
+    for name, (jitted, args, kwargs, steps) in programs.items():
       instructions = hlo_instructions(jitted.lower(*args, **kwargs).compile().as_text())
       kernels = profile(lambda: jitted(*args, **kwargs), _RUNS.value, instructions, _REDUCE.value)
       table = kernel_table(f'### {name}, batch {batch}', kernels, instructions, steps * _RUNS.value,

@@ -11,11 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bpd import checks
 from bpd import decoding
 from bpd import model as model_lib
 from bpd import trees
 from bpd.errors import UserError
 from tests.conftest import BOS as TOY_BOS, EOS as TOY_EOS, SRC_LEN, toy_batch
+from configs import common
+from configs import demo
 from tests import reference
 from tests.stubs import BOS, EOS, Stub
 
@@ -432,3 +435,13 @@ def test_nodes_spec_reads_the_saved_agreement(tmp_path):
   assert trees.parse_tree_spec('dynamic:16', 3, str(tmp_path)) == decoding.Dynamic(16, 3)
   with pytest.raises(UserError, match='agreement of 3 heads, the model has k=4'):
     trees.parse_tree_spec('nodes:4', 4, str(tmp_path))
+
+
+def test_trees_without_a_k_of_two_are_refused_before_compiling(tmp_path):
+  """config.decode.trees with config.decode.ks=(1,) would decode no tree row at all: said, not silently skipped."""
+  model_config = model_lib.model_config('tiny', vocab_size=24, k=3)
+  config = common.override(demo.get_config(), **{'decode.trees': ('dynamic:8',), 'decode.ks': (1,)})
+  with pytest.raises(UserError, match=r"needs a k' of at least 2"):
+    checks.check_decode(config, str(tmp_path), model_config)
+  chains_only = common.override(config, **{'decode.trees': ('chain',)})
+  assert {s.spec for s in checks.check_decode(chains_only, str(tmp_path), model_config)} == {'chain'}
