@@ -14,7 +14,8 @@ config.decode.matmul_precision='highest' sets for the sweep, so that `exact` row
 (Plan below holds every size and count; --smoke swaps it for SMOKE.)
 Decoders: greedy; the paper's chain at k = 4 and 8 (exact); the tree --tree (exact; 'nodes:N': the sparse tree of N
 nodes built from the demo's measured top-r agreement on its val split, as diagnostics.py --mode=choose_tree builds it,
-or read from --demo_workdir's trees.json; the random models decode the same topology); speculative sampling
+or read from --demo_workdir's trees.json; the random models decode the same topology); a context-aware tree
+(Plan.dynamic, 'dynamic:16' at k = 8, each row's own tree per iteration); speculative sampling
 (bpd/speculative.py, a chain of 4 heads, temperature 1), at every batch size of --batch_sizes.
 
 Per setting: each decoder first decodes the examples once (compile + outputs), then runs alternately with its
@@ -110,6 +111,7 @@ class Plan:
   chain_ks: tuple = (4, 8)
   speculative_k: int = 4  # the chain that drafts for speculative sampling (docs/results/speculative.md: k = 4)
   tree: str = 'nodes:8'
+  dynamic: str = 'dynamic:16'  # a context-aware tree (bpd/decoding.py, Dynamic) at the largest chain k
   repeats: int = 3
   random_max_len: int = 64  # tokens per row of the random models (a multiple of every chain k)
   src_len: int = 24  # random models' source length
@@ -131,6 +133,7 @@ FULL = Plan()
 # One batch size, one chain: on CPU every decoder of every batch size is a compile of its own, and compiles are
 # most of a smoke run's time.
 SMOKE = Plan(sizes=('tiny',), vocab_size=300, batch_sizes=(2,), chain_ks=(2,), speculative_k=2, tree='nodes:3',
+             dynamic='dynamic:3',
              repeats=1, random_max_len=6, src_len=6, batch1_random_examples=2, demo_k=2, demo_size='tiny',
              demo_base_steps=10, demo_head_steps=10, demo_train_s=60.0, demo_synthetic_train_size=2000,
              demo_examples=4, demo_batch1_examples=2, tree_examples=4, tree_ranks=2,
@@ -384,6 +387,7 @@ def settings(plan: Plan, tree_spec: str, tree_paths):
   out = [(f'chain k = {k}, exact', 'chain', k, None) for k in plan.chain_ks]
   out.append((f'tree {tree_spec.split(" ")[0]} ({len(tree_paths)} nodes), exact', 'tree',
               max(len(p) for p in tree_paths), tree_paths))
+  out.append((f'{plan.dynamic} k = {max(plan.chain_ks)}, exact', 'dynamic', max(plan.chain_ks), plan.dynamic))
   out.append((f'speculative sampling k = {plan.speculative_k}, T = {TEMPERATURE:g}', 'speculative', plan.speculative_k,
               None))
   return out
@@ -395,6 +399,9 @@ def _decoder_fn(decoder, params, kind: str, k: int, paths):
     return lambda src: decoder.blockwise(params, src, decoding.EXACT, decoder_lib.chain(k))
   if kind == 'tree':
     tree = decoding.layout(paths)
+    return lambda src: decoder.blockwise(params, src, decoding.EXACT, tree)
+  if kind == 'dynamic':  # paths: the spec, 'dynamic:N'
+    tree = trees.parse_tree_spec(paths, k)
     return lambda src: decoder.blockwise(params, src, decoding.EXACT, tree)
   rule = speculative.Sampling(temperature=TEMPERATURE)
   return lambda src: decoder.blockwise(params, src, rule, decoder_lib.chain(k), seed=SEED)
@@ -449,7 +456,8 @@ def measure(model_name, decoder, params, model_k, src_ids, batch_size, plan, tre
                 f'{1e3 * b_seconds / batches:.2f}), call price {(seconds / calls) / (b_seconds / baseline_calls):.2f}, '
                 f'tokens / iteration {block:.2f}')
     # Random weights: acceptance and speedup describe nothing (module docstring); the JSON keeps the measured block.
-    return {**base, 'decoder': name, 'kind': kind, 'k': k, 'tree_nodes': len(paths) if paths else k,
+    nodes = trees.parse_tree_spec(paths, k).num_nodes if kind == 'dynamic' else len(paths) if paths else k
+    return {**base, 'decoder': name, 'kind': kind, 'k': k, 'tree_nodes': nodes,
             'baseline': baseline, 'tokens_per_iteration': block if trained else None, 'measured_block': block,
             'ms_per_batch': 1e3 * seconds / batches, 'baseline_ms_per_batch': 1e3 * b_seconds / batches,
             'speedup': b_seconds / seconds if trained else None,
