@@ -129,6 +129,10 @@ def check_decode(config, workdir: str, model_config) -> list:
   dc, model_k = config.decode, model_config.k
   # A plain Transformer (k = 1) has no proposal heads: of a blockwise sweep only the k' = 1 settings can run
   # (the rest are left out, logged); ks and criteria are still checked for typos.
+  repeated = sorted({k for k in dc.ks if list(dc.ks).count(k) > 1})
+  if repeated:
+    raise UserError(f'config.decode.ks={tuple(dc.ks)} names k\'={repeated} more than once: each would be decoded and '
+                    'timed again. List each k\' once (a flag given twice may have joined two lists).')
   for k in dc.ks:
     if k < 1 or (model_k > 1 and k > model_k):
       raise UserError(f'config.decode.ks contains {k}, but the checkpoint in {workdir} has k={model_k} heads: '

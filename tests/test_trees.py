@@ -437,11 +437,14 @@ def test_nodes_spec_reads_the_saved_agreement(tmp_path):
     trees.parse_tree_spec('nodes:4', 4, str(tmp_path))
 
 
-def test_trees_without_a_k_of_two_are_refused_before_compiling(tmp_path):
-  """config.decode.trees with config.decode.ks=(1,) would decode no tree row at all: said, not silently skipped."""
+def test_trees_without_a_k_of_two_and_repeated_ks_are_refused_before_compiling(tmp_path):
+  """config.decode.trees with config.decode.ks=(1,) would decode no tree row at all, and a k' listed twice would be
+  decoded twice: both said, before anything compiles."""
   model_config = model_lib.model_config('tiny', vocab_size=24, k=3)
   config = common.override(demo.get_config(), **{'decode.trees': ('dynamic:8',), 'decode.ks': (1,)})
   with pytest.raises(UserError, match=r"needs a k' of at least 2"):
     checks.check_decode(config, str(tmp_path), model_config)
+  with pytest.raises(UserError, match=r"names k'=\[2\] more than once"):
+    checks.check_decode(common.override(config, **{'decode.ks': (2, 3, 2)}), str(tmp_path), model_config)
   chains_only = common.override(config, **{'decode.trees': ('chain',)})
   assert {s.spec for s in checks.check_decode(chains_only, str(tmp_path), model_config)} == {'chain'}
