@@ -12,6 +12,7 @@ Proposal head i (i = 2..k) predicts the true i-th next greedy token with probabi
 
 import dataclasses
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,10 +38,17 @@ def _step(h_prev, digest, token):
   return _mix(_mix(h_prev, digest), token)
 
 
-@dataclasses.dataclass(frozen=True)
+def _u32(x):
+  """x as uint32: a traced or JAX value stays JAX, a Python or numpy one becomes numpy."""
+  return x.astype(jnp.uint32) if isinstance(x, jax.Array) else np.uint32(x)
+
+
+@flax.struct.dataclass
 class Stub:
-  vocab_size: int = 20
-  k: int = 4
+  """Shapes (vocab_size, k) are static; the rest are leaves: a jitted test may take the stub as an ordinary
+  argument, so that examples that differ only in accuracy, EOS rate or ties share one compile."""
+  vocab_size: int = flax.struct.field(pytree_node=False, default=20)
+  k: int = flax.struct.field(pytree_node=False, default=4)
   head_accuracy: float = 0.7
   eos_rate: int = 0  # a prefix hash divisible by eos_rate ends the row (0: only at eos_at)
   # Where a proposal head is wrong, the true token is its second choice with this probability (tree decoding
@@ -51,17 +59,17 @@ class Stub:
   def next_token(self, h, pos, eos_at):
     """The scoring model's greedy choice after the prefix with hash h ending at position pos."""
     word = FIRST_WORD + (h >> np.uint32(7)) % np.uint32(self.vocab_size - FIRST_WORD)
-    eos = (pos + 1 == eos_at)
-    if self.eos_rate:
-      eos = eos | ((h >> np.uint32(3)) % np.uint32(self.eos_rate) == 0)
-    return np.where(eos, EOS, word).astype(np.int32) if isinstance(h, np.ndarray) else jnp.where(
-        eos, EOS, word.astype(jnp.int32))
+    xp = np if isinstance(h, np.ndarray) else jnp
+    rate = _u32(self.eos_rate)
+    by_rate = (rate > 0) & ((h >> np.uint32(3)) % xp.maximum(rate, np.uint32(1)) == 0)  # eos_rate 0: never
+    eos = (pos + 1 == eos_at) | by_rate
+    return np.where(eos, EOS, word).astype(np.int32) if xp is np else jnp.where(eos, EOS, word.astype(jnp.int32))
 
   def _logits(self, best, h):
     """One-hot at `best` (margin 5) plus a hash-derived spread in [0, 1) so that ranks below 1 are defined."""
     vocab = jnp.arange(self.vocab_size, dtype=jnp.uint32)
-    levels = np.uint32(self.noise_levels)
-    noise = (_mix(h[..., None], vocab) % levels).astype(jnp.float32) / float(self.noise_levels)
+    levels = _u32(self.noise_levels)
+    noise = (_mix(h[..., None], vocab) % levels).astype(jnp.float32) / jnp.asarray(levels).astype(jnp.float32)
     return noise + 5.0 * jax.nn.one_hot(best, self.vocab_size)
 
   def init_state(self, seed_B, eos_at_B, cache_len):
@@ -141,8 +149,9 @@ class Stub:
       seconds.append(jnp.where(runner_up, tok, -1))
     preds_BxKm1 = jnp.stack(preds, axis=1)
     logits = self._logits(preds_BxKm1, hidden['h'][:, None])
-    if self.runner_up_accuracy:  # margin 4 (+ noise < 1): below the first choice's 5, above every other token
-      logits = logits + 4.0 * jax.nn.one_hot(jnp.stack(seconds, axis=1), self.vocab_size)
+    # A runner-up gets margin 4 (+ noise < 1): below the first choice's 5, above every other token. Without one
+    # (-1; always so at runner_up_accuracy 0, as coin < 1) the one-hot is zero and nothing changes.
+    logits = logits + 4.0 * jax.nn.one_hot(jnp.stack(seconds, axis=1), self.vocab_size)
     return jnp.stack(truth, axis=1), logits
 
   def reference_greedy(self, seed_B, eos_at_B, max_len):

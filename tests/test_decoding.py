@@ -17,8 +17,9 @@ from tests.stubs import BOS, EOS, Stub
 SETTINGS = hypothesis.settings(max_examples=25, deadline=None, derandomize=True, database=None)
 
 
-@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'k', 'max_len', 'criterion'))
-def _decode(seed_B, eos_at_B, *, stub, batch_size, k, max_len, criterion):
+@functools.partial(jax.jit, static_argnames=('batch_size', 'k', 'max_len', 'criterion'))
+def _decode(seed_B, eos_at_B, stub, *, batch_size, k, max_len, criterion):
+  """stub: a traced argument (its accuracy and EOS rate are leaves), so examples share compiles."""
   state = stub.init_state(seed_B, eos_at_B, max_len + k + 1)
   fixed = decoding.Fixed(batch_size=batch_size, max_len=max_len, bos_id=BOS, eos_id=EOS)
   greedy = decoding.greedy(stub.score_fn, state, fixed=fixed)
@@ -29,7 +30,7 @@ def _decode(seed_B, eos_at_B, *, stub, batch_size, k, max_len, criterion):
 
 def run(stub, seed_B, eos_at_B, max_len, criterion=decoding.Criterion()):
   seed_B, eos_at_B = np.asarray(seed_B), np.asarray(eos_at_B)
-  return _decode(jnp.asarray(seed_B), jnp.asarray(eos_at_B), stub=stub, batch_size=len(seed_B), k=stub.k,
+  return _decode(jnp.asarray(seed_B), jnp.asarray(eos_at_B), stub, batch_size=len(seed_B), k=stub.k,
                  max_len=max_len, criterion=criterion)
 
 

@@ -81,9 +81,10 @@ def test_min_block_needs_the_rank_zero_path():
 
 # -- stub model --------------------------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'tree', 'max_len', 'criterion', 'expand'))
-def _decode(seed_B, eos_at_B, *, stub, batch_size, tree, max_len, criterion, expand=False):
-  """expand: the stub's heads are fed their parent's token (Stub.expand_fn), as sequential heads are."""
+@functools.partial(jax.jit, static_argnames=('batch_size', 'tree', 'max_len', 'criterion', 'expand'))
+def _decode(seed_B, eos_at_B, stub, *, batch_size, tree, max_len, criterion, expand=False):
+  """stub: a traced argument (its accuracies, EOS rate and ties are leaves), so examples share compiles. expand: the
+  stub's heads are fed their parent's token (Stub.expand_fn), as sequential heads are."""
   state = stub.init_state(seed_B, eos_at_B, max_len + tree.num_nodes + 1)
   fns = decoding.ModelFns(stub.score_fn, stub.propose_fn, stub.move_fn, stub.expand_fn if expand else None)
   return decoding.blockwise(fns, state,
@@ -104,8 +105,8 @@ class _Unspecialised(decoding.Layout):
 def run(stub, seed_B, eos_at_B, max_len, paths, criterion=decoding.Criterion(), with_blockwise=False, expand=False):
   """The result over `paths` (a topology, or a decoding.Dynamic), or (the chain of all stub.k heads, that result)
   with_blockwise. expand: the heads are fed their parent's token (`_decode`)."""
-  args = jnp.asarray(np.asarray(seed_B)), jnp.asarray(np.asarray(eos_at_B))
-  statics = dict(stub=stub, batch_size=len(seed_B), max_len=max_len, criterion=criterion, expand=expand)
+  args = jnp.asarray(np.asarray(seed_B)), jnp.asarray(np.asarray(eos_at_B)), stub
+  statics = dict(batch_size=len(seed_B), max_len=max_len, criterion=criterion, expand=expand)
   tree = paths if isinstance(paths, (decoding.Dynamic, decoding.Layout)) else decoding.layout(
       decoding.check_tree(paths, stub.k))
   result = _decode(*args, tree=tree, **statics)
