@@ -150,7 +150,7 @@ class Criterion:
     # Node n gets rank r_n of head d_n + 1 (Medusa-style: a head's choices do not depend on the node's parent).
     nodes_BxN = choices_BxDxR[jnp.arange(B)[:, None], t['depth'], t['rank']].astype(jnp.int32)
     nodes_BxN = nodes_BxN.at[:, 0].set(best_B)  # node 0 is head 1's argmax (rank 0): the next token itself
-    if isinstance(tree, Layout) and len(tree.roots) > 1:
+    if len(tree.roots) > 1:  # (a static Layout here: a RowTree returned above)
       # Depth-0 nodes are checked now, against head 1 at j; the verification call checks their children.
       roots = tree.roots
       logits_BxRxV = jnp.broadcast_to(logits_BxV[:, None], (B, len(roots), logits_BxV.shape[-1]))
@@ -729,16 +729,17 @@ def _draft(rule, tree, target, hidden_Bx___, fns: ModelFns, depth, keys_B):
   () for a static Layout (a constant of the trace), a RowTree for a Dynamic policy."""
   B = jax.tree.leaves(hidden_Bx___)[0].shape[0]
   if isinstance(tree, Dynamic) and fns.expand is not None:  # each parent's children from its own token
-    row = tree.build(target['logits_BxV'], lambda d, parents_BxW: fns.expand(hidden_Bx___, d, parents_BxW))
-    nodes_BxN, memo = rule.draft(target, None, row, keys_B)
-    return nodes_BxN, row, memo
-  heads_BxDm1xV = fns.propose(hidden_Bx___)[:, :depth - 1] if depth > 1 else jnp.zeros((B, 0, 1), jnp.float32)
-  if isinstance(tree, Dynamic):  # one head's choices serve every parent at its depth
-    row = tree.build(target['logits_BxV'], lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
-    nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, row, keys_B)
-    return nodes_BxN, row, memo
-  nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, tree, keys_B)
-  return nodes_BxN, (), memo
+    heads_BxDm1xV = None  # propose_fn is not run
+    children = lambda d, parents_BxW: fns.expand(hidden_Bx___, d, parents_BxW)
+  else:  # one head's choices serve every parent at its depth
+    heads_BxDm1xV = fns.propose(hidden_Bx___)[:, :depth - 1] if depth > 1 else jnp.zeros((B, 0, 1), jnp.float32)
+    children = lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None]
+  if not isinstance(tree, Dynamic):
+    nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, tree, keys_B)
+    return nodes_BxN, (), memo
+  row = tree.build(target['logits_BxV'], children)
+  nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, row, keys_B)
+  return nodes_BxN, row, memo
 
 
 def blockwise_init(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None) -> LoopState:

@@ -382,29 +382,25 @@ def _calls(result):  # a decoding.DecodeResult: model calls for the whole batch
 
 
 def settings(plan: Plan, tree_spec: str, tree_paths):
-  """(name, kind, k, paths) of every decoder after greedy; those needing more heads than the model has are left
-  out by the caller."""
-  out = [(f'chain k = {k}, exact', 'chain', k, None) for k in plan.chain_ks]
+  """(name, kind, k, tree) of every decoder after greedy, tree the one it decodes over (a decoding.Layout, the chain
+  for chains and speculative sampling, or a Dynamic); those needing more heads than the model has are left out by
+  the caller."""
+  out = [(f'chain k = {k}, exact', 'chain', k, decoder_lib.chain(k)) for k in plan.chain_ks]
   out.append((f'tree {tree_spec.split(" ")[0]} ({len(tree_paths)} nodes), exact', 'tree',
-              max(len(p) for p in tree_paths), tree_paths))
-  out.append((f'{plan.dynamic} k = {max(plan.chain_ks)}, exact', 'dynamic', max(plan.chain_ks), plan.dynamic))
+              max(len(p) for p in tree_paths), decoding.layout(tuple(tuple(p) for p in tree_paths))))
+  k = max(plan.chain_ks)
+  out.append((f'{plan.dynamic} k = {k}, exact', 'dynamic', k, trees.parse_tree_spec(plan.dynamic, k)))
   out.append((f'speculative sampling k = {plan.speculative_k}, T = {TEMPERATURE:g}', 'speculative', plan.speculative_k,
-              None))
+              decoder_lib.chain(plan.speculative_k)))
   return out
 
 
-def _decoder_fn(decoder, params, kind: str, k: int, paths):
+def _decoder_fn(decoder, params, kind: str, tree):
   """src_BxS -> a decoding.BlockwiseResult of one setting (settings())."""
-  if kind == 'chain':
-    return lambda src: decoder.blockwise(params, src, decoding.EXACT, decoder_lib.chain(k))
-  if kind == 'tree':
-    tree = decoding.layout(paths)
-    return lambda src: decoder.blockwise(params, src, decoding.EXACT, tree)
-  if kind == 'dynamic':  # paths: the spec, 'dynamic:N'
-    tree = trees.parse_tree_spec(paths, k)
-    return lambda src: decoder.blockwise(params, src, decoding.EXACT, tree)
-  rule = speculative.Sampling(temperature=TEMPERATURE)
-  return lambda src: decoder.blockwise(params, src, rule, decoder_lib.chain(k), seed=SEED)
+  if kind == 'speculative':
+    rule = speculative.Sampling(temperature=TEMPERATURE)
+    return lambda src: decoder.blockwise(params, src, rule, tree, seed=SEED)
+  return lambda src: decoder.blockwise(params, src, decoding.EXACT, tree)
 
 
 def measure(model_name, decoder, params, model_k, src_ids, batch_size, plan, tree_spec, tree_paths, budget, trained,
@@ -438,8 +434,8 @@ def measure(model_name, decoder, params, model_k, src_ids, batch_size, plan, tre
   say(budget, f'{what} greedy: {rows[0]["ms_per_batch"]:.2f} ms per batch, {greedy_calls} calls per pass')
   sampling_calls = []  # ancestral sampling's calls per pass, counted once (speculative sampling's baseline)
 
-  def one_setting(name, kind, k, paths):
-    fn = _decoder_fn(decoder, params, kind, k, paths)
+  def one_setting(name, kind, k, tree):
+    fn = _decoder_fn(decoder, params, kind, tree)
     out, first_s, calls = one_pass(fn, _calls)
     if kind == 'speculative':
       if not sampling_calls:
@@ -456,20 +452,19 @@ def measure(model_name, decoder, params, model_k, src_ids, batch_size, plan, tre
                 f'{1e3 * b_seconds / batches:.2f}), call price {(seconds / calls) / (b_seconds / baseline_calls):.2f}, '
                 f'tokens / iteration {block:.2f}')
     # Random weights: acceptance and speedup describe nothing (module docstring); the JSON keeps the measured block.
-    nodes = trees.parse_tree_spec(paths, k).num_nodes if kind == 'dynamic' else len(paths) if paths else k
-    return {**base, 'decoder': name, 'kind': kind, 'k': k, 'tree_nodes': nodes,
+    return {**base, 'decoder': name, 'kind': kind, 'k': k, 'tree_nodes': tree.num_nodes,
             'baseline': baseline, 'tokens_per_iteration': block if trained else None, 'measured_block': block,
             'ms_per_batch': 1e3 * seconds / batches, 'baseline_ms_per_batch': 1e3 * b_seconds / batches,
             'speedup': b_seconds / seconds if trained else None,
             'call_price': (seconds / calls) / (b_seconds / baseline_calls), 'identical': identical, 'calls': calls,
             'baseline_calls': baseline_calls, 'first_pass_s': first_s}
 
-  for name, kind, k, paths in settings(plan, tree_spec, tree_paths):
+  for name, kind, k, tree in settings(plan, tree_spec, tree_paths):
     if k > model_k:
       budget.skipped.append(f'{what} {name}: the model has {model_k} heads')
     elif budget.allows(f'{what} {name}'):
       try:
-        rows.append(one_setting(name, kind, k, paths))
+        rows.append(one_setting(name, kind, k, tree))
       except (RuntimeError, ValueError, TypeError, MemoryError) as e:  # noted in the record; the rest still run
         if isinstance(e, UserError):
           raise

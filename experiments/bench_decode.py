@@ -688,10 +688,10 @@ def loop_programs(model, params, state, k_values, max_len, tree_specs=()):
   first_heads = jax.jit(lambda params, k: model_lib.first_heads(model, params, k)[1], static_argnames='k')
   out = {'greedy': (run_greedy, (params, state), {}, max_len)}
   for k in k_values:
-    out[f'blockwise k={k}'] = (run_block, (first_heads(params, k=k), state), {'k': k}, -(-max_len // k))
+    args = (first_heads(params, k=k), state)
+    out[f'blockwise k={k}'] = (run_block, args, {'k': k}, -(-max_len // k))
     for spec in tree_specs:
       tree = trees.parse_tree_spec(spec, k, vocab_size=model.config.vocab_size)
-      args = (first_heads(params, k=k), state)
       iterations = int(run_tree(*args, k=k, tree=tree)[1]) - 1
       out[f'{spec} k={k}'] = (run_tree, args, {'k': k, 'tree': tree}, iterations)
   return out
