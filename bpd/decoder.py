@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bpd import decoding
+from bpd import matmul
 from bpd import metrics
 from bpd import model as model_lib
 from bpd import sharding
@@ -83,19 +84,28 @@ class Decoder:
   is split along 'data' and the outputs come back replicated, so that every process can read them all.
   """
 
-  def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None, eos_id: int = tokenizer_lib.EOS_ID):
+  def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None, eos_id: int = tokenizer_lib.EOS_ID,
+               matmul_kernel: str = 'auto'):
     # eos_id=-1 (images) never matches a token: decoding always runs for max_len tokens.
     self.model, self.max_len, self.mesh, self.eos_id = model, max_len, mesh, eos_id
+    # 'xla' or 'skinny' (bpd/matmul.py): every program of this decoder is traced with it, so each jitted method
+    # below compiles under one setting.
+    self.matmul_kernel = matmul.resolve(matmul_kernel, mesh)
     out = None if mesh is None else sharding.replicated(mesh)
-    self._greedy_jit = jax.jit(self._greedy, out_shardings=out)
+    self._greedy_jit = jax.jit(matmul.traced(self._greedy, self.matmul_kernel), out_shardings=out)
     # The rule is an argument (a pytree: a Criterion has no leaves, Sampling's temperature is traced); its static
     # fields and the tree are part of what is compiled.
-    self._blockwise_jit = jax.jit(self._blockwise, static_argnames=('tree',), out_shardings=out)
-    self._beam_jit = jax.jit(self._beam, static_argnames=('beam_size', 'alpha'), out_shardings=out)
-    self._sample_jit = jax.jit(self._sample, static_argnames=('top_k', 'top_p'), out_shardings=out)
+    self._blockwise_jit = jax.jit(matmul.traced(self._blockwise, self.matmul_kernel), static_argnames=('tree',),
+                                  out_shardings=out)
+    self._beam_jit = jax.jit(matmul.traced(self._beam, self.matmul_kernel), static_argnames=('beam_size', 'alpha'),
+                             out_shardings=out)
+    self._sample_jit = jax.jit(matmul.traced(self._sample, self.matmul_kernel), static_argnames=('top_k', 'top_p'),
+                               out_shardings=out)
     self._first_heads_jit = jax.jit(lambda params, k: model_lib.first_heads(self.model, params, k)[1],
                                     static_argnames='k')
     self._heads_cache = {}  # k -> (the params it was cut from, their first k heads)
+    self._pack_jit = jax.jit(model_lib.packed_weights)
+    self._packed_cache = {}  # id of a parameter tree -> (that tree, its packed weights)
 
   def _heads(self, params, k):
     """The first k heads' parameters of `params` (model.first_heads), cut once per params and k, outside the
@@ -106,6 +116,18 @@ class Decoder:
     cached = self._heads_cache.get(k)
     if cached is None or cached[0] is not params:
       cached = self._heads_cache[k] = (params, self._first_heads_jit(params, k=k))
+    return cached[1]
+
+  def _packed(self, params):
+    """The packed weights the skinny kernel reads (model.packed_weights), made once per parameter tree (one pass
+    over the weights: made per call, it would cost about a greedy step per sentence at batch 1); None with XLA."""
+    if self.matmul_kernel != 'skinny' or jnp.dtype(self.model.config.dtype) != jnp.float32:
+      return None
+    cached = self._packed_cache.get(id(params))
+    if cached is None or cached[0] is not params:
+      if len(self._packed_cache) >= 2:  # a training loop's evaluations: keep the newest few
+        self._packed_cache.pop(next(iter(self._packed_cache)))
+      cached = self._packed_cache[id(params)] = (params, self._pack_jit(params))
     return cached[1]
 
   def _model(self, k):
@@ -123,7 +145,7 @@ class Decoder:
 
   def greedy(self, params, src_BxS):
     """Greedy decoding: one token per row per call."""
-    return self._greedy_jit(params, self._put(src_BxS))
+    return self._greedy_jit(params, self._packed(params), self._put(src_BxS))
 
   def blockwise(self, params, src_BxS, rule, tree, seed: int = 0):
     """decoding.blockwise with an acceptance rule (a decoding.Criterion, or speculative.Sampling, whose samples
@@ -132,18 +154,19 @@ class Decoder:
     rule's static fields, tree); a temperature and the seed are traced. A rule that draws uses row b's stream
     fold_in(PRNGKey(seed), b): the same seed and batch give the same samples, and a row's samples do not depend on
     the other rows."""
-    return self._blockwise_jit(self._heads(params, tree.depth), self._put(src_BxS), rule, jax.random.PRNGKey(seed),
+    params_k = self._heads(params, tree.depth)
+    return self._blockwise_jit(params_k, self._packed(params_k), self._put(src_BxS), rule, jax.random.PRNGKey(seed),
                                tree=tree)
 
   def sample(self, params, src_BxS, temperature: float, seed: int, top_k: int = 0, top_p: float = 1.0):
     """Ancestral sampling at `temperature`, truncated to top_k / top_p (see sampling_score_fn; 0 and 1: off). The
     same seed and batch give the same samples; a row's sample depends on the seed and on its place in the batch."""
-    return self._sample_jit(params, self._put(src_BxS), np.float32(temperature), jax.random.PRNGKey(seed),
+    return self._sample_jit(params, self._packed(params), self._put(src_BxS), np.float32(temperature), jax.random.PRNGKey(seed),
                             top_k=top_k, top_p=top_p)
 
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""
-    return self._beam_jit(params, self._put(src_BxS), beam_size=beam_size, alpha=alpha)
+    return self._beam_jit(params, self._packed(params), self._put(src_BxS), beam_size=beam_size, alpha=alpha)
 
   def _init(self, init_state, src_BxS, block=0):
     state = init_state(src_BxS, cache_len(self.max_len, block))
@@ -154,24 +177,24 @@ class Decoder:
     return decoding.Fixed(batch_size=src_BxS.shape[0], max_len=self.max_len, bos_id=tokenizer_lib.BOS_ID,
                           eos_id=self.eos_id)
 
-  def _greedy(self, params, src_BxS):
-    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
+  def _greedy(self, params, packed, src_BxS):
+    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
     return one_per_call(decoding.greedy(score_fn, self._init(init_state, src_BxS), fixed=self._fixed(src_BxS)))
 
-  def _blockwise(self, params_k, src_BxS, rule, key, tree):  # params_k: the first tree.depth heads (`_heads`)
+  def _blockwise(self, params_k, packed, src_BxS, rule, key, tree):  # params_k: the first tree.depth heads (`_heads`)
     init_state, score_fn, propose_fn, expand_fn = model_lib.decode_fns(self._model(tree.depth), params_k,
-                                                                       with_expand=True)
+                                                                       with_expand=True, packed=packed)
     state = self._init(init_state, src_BxS, block=tree.num_nodes)
     return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn), state,
                               fixed=self._fixed(src_BxS), tree=tree, rule=rule, key=key if rule.draws else None)
 
-  def _sample(self, params, src_BxS, temperature, key, top_k, top_p):
-    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
+  def _sample(self, params, packed, src_BxS, temperature, key, top_k, top_p):
+    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
     return one_per_call(decoding.greedy(sampling_score_fn(score_fn, key, temperature, top_k, top_p),
                                         self._init(init_state, src_BxS), fixed=self._fixed(src_BxS)))
 
-  def _beam(self, params, src_BxS, beam_size, alpha):
-    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1)
+  def _beam(self, params, packed, src_BxS, beam_size, alpha):
+    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
     state = self._init(init_state, src_BxS)
     tokens, _ = decoding.beam_search(score_fn, state, fixed=self._fixed(src_BxS), beam_size=beam_size, alpha=alpha)
     return tokens[:, 0]

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import flax.linen as nn
 import numpy as np
 
+from bpd import matmul
 from bpd.errors import UserError
 
 NEG_INF = -1e9  # Masked attention logits; finite so that a fully masked row gives no NaN.
@@ -277,6 +278,36 @@ def move_slots(cache: jax.Array, start_B: jax.Array, source_BxD: jax.Array, axis
   return write_rows(cache, moved, start_B, axis=axis)
 
 
+def packed(module: nn.Module, name: str):
+  """The packed copy of parameter `name` (matmul.pack) in the 'packed' collection, which a skinny-kernel decoder
+  passes beside the parameters (model.packed_weights); None elsewhere (training, XLA decoding)."""
+  return module.get_variable('packed', name) if module.has_variable('packed', name) else None
+
+
+class Dense(nn.Module):
+  """flax's Dense (in_axes=1, one feature axis) and DenseGeneral (several feature axes, or in_axes trailing input
+  axes contracted) as this model uses them, with the same parameters: 'kernel' [*in, *features] drawn as flax
+  draws it (lecun_normal on the flattened [prod(in), prod(features)] matrix) and 'bias' [*features], zeros.
+  Of our own so that the matmul goes through bpd/matmul.py, which runs it on the skinny kernel (reading the packed
+  kernel) when a decoder asks for it, and on lax.dot_general otherwise."""
+  features: tuple[int, ...]
+  in_axes: int = 1
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    in_shape = x.shape[x.ndim - self.in_axes:]
+    k, n = int(np.prod(in_shape)), int(np.prod(self.features))
+    kernel_init = lambda rng, shape, dtype=jnp.float32: nn.initializers.lecun_normal()(rng, (k, n), dtype).reshape(
+        shape)
+    kernel = self.param('kernel', kernel_init, in_shape + tuple(self.features), jnp.float32)
+    bias = self.param('bias', nn.initializers.zeros, tuple(self.features), jnp.float32)
+    x, kernel, bias = x.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype)
+    y = matmul.dense(x.reshape(x.shape[:x.ndim - self.in_axes] + (k,)), kernel.reshape(k, n), bias.reshape(n),
+                     packed=packed(self, 'kernel'))
+    return y.reshape(x.shape[:x.ndim - self.in_axes] + tuple(self.features))
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with separate query/key/value/output projections.
 
@@ -290,11 +321,11 @@ class MultiHeadAttention(nn.Module):
 
   def setup(self):
     head_dim = self.d_model // self.num_heads
-    dense = lambda name: nn.DenseGeneral((self.num_heads, head_dim), dtype=self.dtype, name=name)
+    dense = lambda name: Dense((self.num_heads, head_dim), dtype=self.dtype, name=name)
     self.query = dense('query')
     self.key = dense('key')
     self.value = dense('value')
-    self.out = nn.DenseGeneral(self.d_model, axis=(-2, -1), dtype=self.dtype, name='out')
+    self.out = Dense((self.d_model,), in_axes=2, dtype=self.dtype, name='out')
     self.dropout = nn.Dropout(self.dropout_rate)
 
   def project_kv(self, y_BxSxD):
@@ -330,9 +361,9 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD, deterministic=True):
-    h = nn.relu(nn.Dense(self.d_ff, dtype=self.dtype, name='wi')(x_BxTxD))
+    h = nn.relu(Dense((self.d_ff,), dtype=self.dtype, name='wi')(x_BxTxD))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return nn.Dense(self.d_model, dtype=self.dtype, name='wo')(h)
+    return Dense((self.d_model,), dtype=self.dtype, name='wo')(h)
 
 
 class LayerSizes(nn.Module):
@@ -506,13 +537,12 @@ class MultiOutput(nn.Module):
     x_Nx___xD = jnp.broadcast_to(x, (used,) + x.shape)
     if self.sequential:
       previous_Nx___xD = jnp.moveaxis(previous_Bx___xNxD.astype(self.dtype), -2, 0)
-      x_Nx___xD = x_Nx___xD + jnp.einsum('n...d,nde->n...e', previous_Nx___xD,
-                                         self.token_kernel.astype(self.dtype))
-    unsqueeze = lambda b_NxE: b_NxE.reshape((used,) + (1,) * (x.ndim - 1) + b_NxE.shape[-1:])
-    h_Nx___xF = nn.relu(jnp.einsum('n...d,ndf->n...f', x_Nx___xD, self.wi_kernel.astype(self.dtype))
-                        + unsqueeze(self.wi_bias))
-    out_Nx___xD = (jnp.einsum('n...f,nfd->n...d', h_Nx___xF, self.wo_kernel.astype(self.dtype))
-                   + unsqueeze(self.wo_bias))
+      x_Nx___xD = x_Nx___xD + matmul.batched(previous_Nx___xD, self.token_kernel.astype(self.dtype),
+                                             packed=packed(self, 'token_kernel'))
+    h_Nx___xF = nn.relu(matmul.batched(x_Nx___xD, self.wi_kernel.astype(self.dtype), self.wi_bias,
+                                       packed=packed(self, 'wi_kernel')))
+    out_Nx___xD = matmul.batched(h_Nx___xF, self.wo_kernel.astype(self.dtype), self.wo_bias,
+                                 packed=packed(self, 'wo_kernel'))
     if self.sequential:  # each head's residual is its own input, token included
       return self.ln(jnp.moveaxis(out_Nx___xD + x_Nx___xD, 0, -2))
     out_Bx___xNxD = jnp.moveaxis(out_Nx___xD, 0, -2)
@@ -533,7 +563,10 @@ class MultiOutput(nn.Module):
     take = lambda w: jax.lax.dynamic_index_in_dim(w, index, axis=0, keepdims=False)
     names = ('wi_kernel', 'wi_bias', 'wo_kernel', 'wo_bias') + (('token_kernel',) if self.sequential else ())
     w = weights if weights is not None else {name: take(getattr(self, name)) for name in names}
+    # With a skinny-kernel decoder, the kernel reads head `index` of the packed [n, ...] stack in place (no copy).
+    pick = lambda name: dict(packed=packed(self, name), packed_index=index) if isinstance(index, int) else {}
     if self.sequential:
-      x = x + previous_Bx___xD.astype(self.dtype) @ w['token_kernel'].astype(self.dtype)
-    h = nn.relu(x @ w['wi_kernel'].astype(self.dtype) + w['wi_bias'])
-    return self.ln(h @ w['wo_kernel'].astype(self.dtype) + w['wo_bias'] + x)
+      x = x + matmul.dense(previous_Bx___xD.astype(self.dtype), w['token_kernel'].astype(self.dtype),
+                           **pick('token_kernel'))
+    h = nn.relu(matmul.dense(x, w['wi_kernel'].astype(self.dtype), w['wi_bias'], **pick('wi_kernel')))
+    return self.ln(matmul.dense(h, w['wo_kernel'].astype(self.dtype), w['wo_bias'], **pick('wo_kernel')) + x)

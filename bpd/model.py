@@ -28,6 +28,7 @@ import flax.linen as nn
 import numpy as np
 
 from bpd import layers
+from bpd import matmul
 from bpd.errors import UserError
 
 # Model sizes. base and big as in Vaswani et al. 2017 (Table 3); small and tiny for CPU runs and tests.
@@ -223,8 +224,7 @@ class Transformer(nn.Module):
     from the embedding's own dtype: a bfloat16 decode (params_in_compute_dtype) reads its bfloat16 embedding, not a
     float32 copy of it, as the vocabulary projections are a large share of a decoding step's bytes."""
     embedding_VxD = self.embed.embedding
-    return jnp.einsum('...d,vd->...v', hidden_Bx___xD.astype(embedding_VxD.dtype), embedding_VxD,
-                      preferred_element_type=jnp.float32)
+    return matmul.dense_nt(hidden_Bx___xD, embedding_VxD)
 
   def encode(self, src_BxS, deterministic=True):
     """Encoder output [B, S, D]. Source id 0 is padding."""
@@ -417,8 +417,7 @@ class Transformer(nn.Module):
   def _draft_logits(self, vector_Bx___xD, draft_RxD, prior_Bx___xV=None):
     """The tied projection onto the draft vocabulary alone, [..., R], float32 as `logits`: R rows read, not V. The
     output prior (images) is read at the draft ids."""
-    logits_Bx___xR = jnp.einsum('...d,rd->...r', vector_Bx___xD.astype(draft_RxD.dtype), draft_RxD,
-                                preferred_element_type=jnp.float32)
+    logits_Bx___xR = matmul.dense_nt(vector_Bx___xD, draft_RxD)
     if prior_Bx___xV is not None:
       logits_Bx___xR = logits_Bx___xR + jnp.take(prior_Bx___xV, np.asarray(self.config.draft_ids), axis=-1)
     return logits_Bx___xR
@@ -449,13 +448,14 @@ class Transformer(nn.Module):
     if draft:  # the [d, R] projection, cut once per decode when split comes from decode_fns
       draft_DxR = split['draft_DxR'] if split is not None else (
           self._draft_rows() if draft_RxD is None else draft_RxD).T
-      logits = jnp.dot(vector_Bx___xD.astype(draft_DxR.dtype), draft_DxR, preferred_element_type=jnp.float32)
+      logits = matmul.dense(vector_Bx___xD.astype(draft_DxR.dtype), draft_DxR, preferred_element_type=jnp.float32)
       prior_Bx___xV = None if prior_Bx___xV is None else jnp.take(prior_Bx___xV, np.asarray(draft, np.int32), axis=-1)
     elif split is None:
       logits = self.logits(vector_Bx___xD)
     else:  # the tied projection, with the [D, V] transpose made once per decode rather than once per head
       embedding_DxV = split['embedding_DxV']
-      logits = jnp.dot(vector_Bx___xD.astype(embedding_DxV.dtype), embedding_DxV, preferred_element_type=jnp.float32)
+      logits = matmul.dense(vector_Bx___xD.astype(embedding_DxV.dtype), embedding_DxV,
+                            preferred_element_type=jnp.float32)
     return logits if prior_Bx___xV is None else logits + prior_Bx___xV
 
   def _propose_sequential(self, hidden, heads, split=None, draft_RxD=None):
@@ -527,6 +527,30 @@ def split_sequential_heads(params: Any, num_heads: int, draft_RxD=None) -> dict:
   return dict(split, embedding_DxV=params['embed']['embedding'].T)  # in its own dtype, as Transformer.logits reads it
 
 
+def packed_weights(params: Any) -> dict:
+  """The weights the skinny kernel reads in its packed layout (matmul.pack), in the 'packed' collection's tree
+  (the same paths as params, weights only): every Dense kernel as the [K, N] matrix it multiplies by (attention's
+  query, key and value [D, H, K] as [D, H·K], 'out' [H, K, D] as [H·K, D]) and the multi-output layer's per-head
+  kernels [n, K, N]. Made once per decoder and parameters, outside the jitted decoders (bpd/decoder.py); the
+  embedding needs none (the tied projection reads its rows, which are contiguous)."""
+  def walk(tree, name):
+    if not isinstance(tree, dict):
+      return None
+    out = {}
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        sub = walk(value, key)
+        if sub:
+          out[key] = sub
+      elif key == 'kernel':
+        matrix = value.reshape(-1, value.shape[-1]) if name == 'out' else value.reshape(value.shape[0], -1)
+        out[key] = matmul.pack(matrix)
+      elif name == 'multi_output' and key in ('wi_kernel', 'wo_kernel', 'token_kernel'):
+        out[key] = matmul.pack(value)
+    return out
+  return walk(params, '')
+
+
 def previous_tokens(tgt_in_BxT: jax.Array, num: int) -> jax.Array:
   """The tokens sequential heads are fed in training (teacher forcing): [B, T, num], [:, t, n] = tgt_in[:, t + n + 1].
 
@@ -596,7 +620,8 @@ def move_cache(state, start_B, source_BxD):
   return dict(state, layers=moved)
 
 
-def decode_fns(model: Transformer, params: Any, num_heads: int | None = None, with_expand: bool = False):
+def decode_fns(model: Transformer, params: Any, num_heads: int | None = None, with_expand: bool = False,
+               packed: Any = None):
   """The model as the plain functions `bpd.decoding` takes, proposing with its first `num_heads` heads.
 
   Call inside the jitted function that decodes (with `params` a traced argument), so the parameters are
@@ -605,10 +630,14 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None, wi
   Returns (init_state(src_BxS, cache_len), score_fn(state, tokens_BxT, start_B), propose_fn(hidden_BxD)), and
   with_expand a fourth: expand_fn(hidden, depth, parents_BxW) for context-aware trees with sequential heads
   (`Transformer.expand`), None for independent heads, whose choices do not depend on the parent.
+  packed: `packed_weights(params)`, for decoders traced under matmul.use('skinny') (their matmuls read it).
   """
   heads = model.config.k if num_heads is None else num_heads
-  model, params = first_heads(model, params, heads)
+  full_model = model
+  model, params = first_heads(full_model, params, heads)
   variables = {'params': params_in_compute_dtype(params, model.config.dtype)}
+  if packed is not None:  # its multi-output stacks are cut to the first heads as the parameters are
+    variables['packed'] = first_heads(full_model, packed, heads)[1] if 'multi_output' in packed else packed
 
   def init_state(src_BxS, cache_len):
     return model.apply(variables, src_BxS, cache_len, method=Transformer.init_decode_state)

@@ -208,6 +208,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.decode.timing_examples = 0  # time greedy vs blockwise on the first N examples (0 = all)
   c.decode.batch1_examples = 0  # batch size 1 decodes only the first N examples (0 = all)
   c.decode.matmul_precision = ''  # '' (the backend's default) | 'highest' (float32 matmuls on GPU/TPU)
+  # The weight matmuls of decoding (bpd/matmul.py): 'auto' (bpd's skinny kernel on CPU where it builds, else XLA) |
+  # 'xla' | 'skinny' (CPU, one device; an error where it cannot be built). Parameters are the same either way.
+  c.decode.matmul_kernel = 'auto'
   c.decode.timing_repeats = 3  # alternate greedy/blockwise runs this many times; medians give the speedup
   c.decode.temperature = 0.0  # > 0 also decodes by sampling at this temperature (a row of its own; 'speculative')
   c.decode.seed = 0  # the sampled row's random seed (same seed and batch size: same samples)

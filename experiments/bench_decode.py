@@ -159,6 +159,7 @@ from bpd import decoding
 from bpd import draft_vocab
 from bpd import errors
 from bpd import evaluate
+from bpd import matmul
 from bpd import metrics
 from bpd import model as model_lib
 from bpd import report
@@ -355,59 +356,66 @@ def draft_model(model, size: int):
   return model_lib.Transformer(dataclasses.replace(model.config, draft_ids=ids))
 
 
-def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=0, peaks=None, draft_sizes=()):
+def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=0, peaks=None, draft_sizes=(),
+          matmul_kernel='xla'):
   """Returns a list of {k, batch_size, draft_vocab, greedy_step_s, block_step_s, ratio, ...accounting} records.
 
   draft_sizes: for each k and batch, besides the full-vocabulary heads (draft_vocab 0), the same iteration with a
   draft vocabulary of each of these sizes (`draft_model`), all timed alternately with the same greedy runs.
+  matmul_kernel: 'xla' or 'skinny' (bpd/matmul.py, resolved), for every program, greedy's included.
   """
   cache_len = decoder_lib.cache_len(max_len, block=max(k_values))  # one cache for greedy and every k
   c = model.config
+  jit = lambda fn=None, **kw: (functools.partial(jit, **kw) if fn is None
+                               else jax.jit(matmul.traced(fn, matmul_kernel), **kw))
+  # The skinny kernel reads packed weights, made once outside every timed program (as bpd.decoder.Decoder does).
+  pack = jax.jit(model_lib.packed_weights) if matmul_kernel == 'skinny' else lambda params: None
+  packed = pack(params)
 
   def fixed(state):
     return decoding.Fixed(batch_size=state['src_mask_BxS'].shape[0], max_len=max_len, bos_id=BOS, eos_id=NEVER)
 
-  @jax.jit
-  def encode(params, src):
-    init_state, _, _ = model_lib.decode_fns(model, params)
+  @jit
+  def encode(params, packed, src):
+    init_state, _, _ = model_lib.decode_fns(model, params, packed=packed)
     state = init_state(src, cache_len)
     decoder_lib.check_cache_len(state, max_len, block=max(k_values))
     return state
 
-  @jax.jit
-  def run_greedy(params, state):
-    _, score_fn, _ = model_lib.decode_fns(model, params)
+  @jit
+  def run_greedy(params, packed, state):
+    _, score_fn, _ = model_lib.decode_fns(model, params, packed=packed)
     return decoding.greedy(score_fn, state, fixed=fixed(state))[0]
 
-  @functools.partial(jax.jit, static_argnames=('k', 'block_model'))
-  def run_block(params, state, k, block_model=model):
-    _, score_fn, propose_fn = model_lib.decode_fns(block_model, params, num_heads=k)
+  @jit(static_argnames=('k', 'block_model'))
+  def run_block(params_k, packed_k, state, k, block_model=model):  # the first k heads, cut outside (block_carry)
+    _, score_fn, propose_fn = model_lib.decode_fns(block_model, params_k, num_heads=k, packed=packed_k)
     result = decoding.blockwise(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed(state),
                                 tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))
     return result.tokens_BxL, result.invocations
 
   # One greedy step and one blockwise iteration, alone, for XLA's cost analysis.
-  @jax.jit
+  @jit
   def greedy_carry(state):
     return decoding.greedy_init(state, fixed=fixed(state))
 
-  @jax.jit
-  def greedy_step(params, carry):
-    _, score_fn, _ = model_lib.decode_fns(model, params)
+  @jit
+  def greedy_step(params, packed, carry):
+    _, score_fn, _ = model_lib.decode_fns(model, params, packed=packed)
     return decoding.greedy_body(score_fn, fixed=fixed(carry[-1]))(carry)
 
   # The first k heads (model and parameters) are taken once per decode, outside the loop (model_lib.first_heads):
   # take them outside the compiled iteration too, so that the one-time copy is not counted as a per-iteration cost.
   # model_k already has k heads (or k = 1), so decode_fns' own first_heads slices nothing.
-  @functools.partial(jax.jit, static_argnames=('model_k', 'k'))
-  def block_carry(params_k, state, model_k, k):
-    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k)
+  @jit(static_argnames=('model_k', 'k'))
+  def block_carry(params_k, packed_k, state, model_k, k):
+    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k, packed=packed_k)
     return decoding.blockwise_init(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed(state),
                                    tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))
 
-  @functools.partial(jax.jit, static_argnames=('model_k', 'k'))
-  def block_step(params_k, s, model_k, k):
-    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k)
+  @jit(static_argnames=('model_k', 'k'))
+  def block_step(params_k, packed_k, s, model_k, k):
+    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k, packed=packed_k)
     return decoding.blockwise_body(decoding.ModelFns(score_fn, propose_fn), fixed=fixed(s.model_state),
                                    tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))(s)
 
@@ -416,25 +424,29 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
   rng = np.random.RandomState(seed)
   for batch_size in batch_sizes:
     src = jnp.asarray(rng.randint(4, c.vocab_size, size=(batch_size, src_len)), jnp.int32)
-    state = jax.block_until_ready(encode(params, src))
-    greedy_flops, greedy_bytes = xla_cost(greedy_step, params, greedy_carry(state))
-    loop_flops, _ = xla_cost(run_greedy, params, state)
+    state = jax.block_until_ready(encode(params, packed, src))
+    greedy_flops, greedy_bytes = xla_cost(greedy_step, params, packed, greedy_carry(state))
+    loop_flops, _ = xla_cost(run_greedy, params, packed, state)
     greedy_count = shape_count(c, batch=batch_size, new_tokens=1, cache_len=cache_len, src_len=src_len,
                                projections=1, proposal_heads=0)
     print(f'batch {batch_size}: XLA counts the whole {max_len}-step greedy loop at {loop_flops / greedy_flops:.2f} x '
           'one step: a while_loop body is counted once, so costs below come from steps compiled alone.')
     for k in k_values:
       variants = [(size, draft_model(model, size)) for size in (0, *draft_sizes)]
+      params_k = model_lib.first_heads(model, params, k)[1]
+      packed_k = pack(params_k)
       g_seconds, *variant_seconds = timing.time_alternating(
-          [lambda: run_greedy(params, state)]
-          + [lambda k=k, m=m: run_block(params, state, k=k, block_model=m) for _, m in variants], repeats,
-          f'bench k={k} batch={batch_size}')
+          [lambda: run_greedy(params, packed, state)]
+          + [lambda k=k, m=m: run_block(params_k, packed_k, state, k=k, block_model=m) for _, m in variants],
+          repeats, f'bench k={k} batch={batch_size}')
       for (size, block_model), b_seconds in zip(variants, variant_seconds):
-        iterations = int(run_block(params, state, k=k, block_model=block_model)[1]) - 1  # the first only proposes
+        # the first call only proposes
+        iterations = int(run_block(params_k, packed_k, state, k=k, block_model=block_model)[1]) - 1
         greedy_s = g_seconds / max_len
         block_s = (b_seconds - greedy_s) / iterations
-        model_k, params_k = model_lib.first_heads(block_model, params, k)
-        block_flops, block_bytes = xla_cost(block_step, params_k, block_carry(params_k, state, model_k=model_k, k=k),
+        model_k = model_lib.first_heads(block_model, params, k)[0]
+        block_flops, block_bytes = xla_cost(block_step, params_k, packed_k,
+                                            block_carry(params_k, packed_k, state, model_k=model_k, k=k),
                                             model_k=model_k, k=k)
         block_count = shape_count(block_model.config, batch=batch_size, new_tokens=k, cache_len=cache_len,
                                   src_len=src_len, projections=2 * k - 1, proposal_heads=k - 1)
@@ -554,14 +566,16 @@ def run_ratio(config):
                            'separately.')
   model, params = random_model(config, max(k_values), vocab_size, head_hidden=_HEAD_HIDDEN.value,
                                head_type=config.model.head_type, attention_block=config.model.attention_block)
+  kernel = matmul.resolve(config.decode.matmul_kernel)
   peaks = machine_peaks()
   records = bench(model, params, k_values, [int(b) for b in _BATCH_SIZES.value], _MAX_LEN.value, _SRC_LEN.value,
-                  _REPEATS.value, peaks=peaks, draft_sizes=draft_sizes)
+                  _REPEATS.value, peaks=peaks, draft_sizes=draft_sizes, matmul_kernel=kernel)
   add_tpu_estimates(records, chip_devices, tpu_configs)
   c = model.config
   title = (f'model {config.model.size}: d={c.d_model}, {c.num_encoder_layers}+{c.num_decoder_layers} layers, '
            f'ff {c.d_ff}, head_hidden {c.head_hidden or c.d_ff}, {c.head_type} heads, vocab {c.vocab_size}, {c.dtype}; '
-           f'{jax.devices()[0].platform}, {len(jax.devices())} device(s); {_MAX_LEN.value} tokens per run, '
+           f'{jax.devices()[0].platform}, {len(jax.devices())} device(s); matmuls: {kernel}'
+           f'{" (" + matmul.kernel_info() + ")" if kernel == "skinny" else ""}; {_MAX_LEN.value} tokens per run, '
            f'median of {_REPEATS.value} alternating runs per row; '
            f"measured peaks {peaks['peak_gflop_s']:.1f} GFLOP/s (float32 matmul), "
            f"{peaks['peak_gbyte_s']:.1f} GB/s (256 MB array sum), {peaks['cached_gbyte_s']:.1f} GB/s (8 MB, in L3)")
@@ -657,38 +671,43 @@ def kernel_table(title, kernels, instructions, steps, top):
           + report.markdown_table(rows, columns))
 
 
-def loop_programs(model, params, state, k_values, max_len, tree_specs=()):
+def loop_programs(model, params, state, k_values, max_len, tree_specs=(), matmul_kernel='xla'):
   """{name: (jitted fn, args, static kwargs, trip count)}: greedy and the blockwise loop for each k; with
   tree_specs, the exact-rule loop over each tree (a spec of bpd/trees.py without trees.json, e.g. 'dynamic:16') at
   each k, whose trip count (its iterations: random heads are rarely right) is read from one run."""
   batch = state['src_mask_BxS'].shape[0]
   fixed = decoding.Fixed(batch_size=batch, max_len=max_len, bos_id=BOS, eos_id=NEVER)
+  jit = lambda fn=None, **kw: (functools.partial(jit, **kw) if fn is None
+                               else jax.jit(matmul.traced(fn, matmul_kernel), **kw))
 
-  @jax.jit
-  def run_greedy(params, state):
-    _, score_fn, _ = model_lib.decode_fns(model, params, num_heads=1)
+  @jit
+  def run_greedy(params, packed, state):
+    _, score_fn, _ = model_lib.decode_fns(model, params, num_heads=1, packed=packed)
     return decoding.greedy(score_fn, state, fixed=fixed)[0]
 
-  @functools.partial(jax.jit, static_argnames='k')
-  def run_block(params_k, state, k):
+  @jit(static_argnames='k')
+  def run_block(params_k, packed_k, state, k):
     # params_k: the first k heads, cut once outside (as bpd.decoder.Decoder does), so no copy is profiled here.
     model_k = model_lib.Transformer(dataclasses.replace(model.config, k=k))
-    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k)
+    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, packed=packed_k)
     return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed,
                               tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k)).tokens_BxL
 
-  @functools.partial(jax.jit, static_argnames=('k', 'tree'))
-  def run_tree(params_k, state, k, tree):
+  @jit(static_argnames=('k', 'tree'))
+  def run_tree(params_k, packed_k, state, k, tree):
     model_k = model_lib.Transformer(dataclasses.replace(model.config, k=k))
-    _, score_fn, propose_fn, expand_fn = model_lib.decode_fns(model_k, params_k, with_expand=True)
+    _, score_fn, propose_fn, expand_fn = model_lib.decode_fns(model_k, params_k, with_expand=True, packed=packed_k)
     result = decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn), state,
                                 fixed=fixed, tree=tree, rule=decoding.EXACT)
     return result.tokens_BxL, result.invocations
 
   first_heads = jax.jit(lambda params, k: model_lib.first_heads(model, params, k)[1], static_argnames='k')
-  out = {'greedy': (run_greedy, (params, state), {}, max_len)}
+  # The skinny kernel reads packed weights, made once outside the programs (as bpd.decoder.Decoder does).
+  pack = jax.jit(model_lib.packed_weights) if matmul_kernel == 'skinny' else lambda params: None
+  out = {'greedy': (run_greedy, (params, pack(params), state), {}, max_len)}
   for k in k_values:
-    args = (first_heads(params, k=k), state)
+    params_k = first_heads(params, k=k)
+    args = (params_k, pack(params_k), state)
     out[f'blockwise k={k}'] = (run_block, args, {'k': k}, -(-max_len // k))
     for spec in tree_specs:
       tree = trees.parse_tree_spec(spec, k, vocab_size=model.config.vocab_size)
@@ -704,17 +723,18 @@ def run_profile(config):
   tree_nodes = [trees.parse_tree_spec(spec, max(k_values), vocab_size=c.vocab_size).num_nodes
                 for spec in _PROFILE_TREES.value]
   cache_len = _MAX_LEN.value + max(k_values + tree_nodes) + 1
+  kernel = matmul.resolve(config.decode.matmul_kernel)
   encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p)[0](s, cache_len))
   tables = [f'model {config.model.size}: d={c.d_model}, {c.num_decoder_layers} decoder layers, ff {c.d_ff}, '
             f'vocab {c.vocab_size}, {c.dtype}, {c.head_type} heads; {_MAX_LEN.value} tokens per run, '
             f'{_RUNS.value} profiled runs, '
-            f'kernel time {_REDUCE.value}; '
+            f'kernel time {_REDUCE.value}; matmuls: {kernel}; '
             f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}']
   rng = np.random.RandomState(0)
   for batch in [int(b) for b in _BATCH_SIZES.value]:
     src = jnp.asarray(rng.randint(4, c.vocab_size, size=(batch, _SRC_LEN.value)), jnp.int32)
     state = jax.block_until_ready(encode(params, src))
-    programs = loop_programs(model, params, state, k_values, _MAX_LEN.value, _PROFILE_TREES.value)
+    programs = loop_programs(model, params, state, k_values, _MAX_LEN.value, _PROFILE_TREES.value, kernel)
     for name, (jitted, args, kwargs, steps) in programs.items():
       instructions = hlo_instructions(jitted.lower(*args, **kwargs).compile().as_text())
       kernels = profile(lambda: jitted(*args, **kwargs), _RUNS.value, instructions, _REDUCE.value)
@@ -752,20 +772,21 @@ def matmul_step(params, x_MxD, num_layers, heads, batch):
   reads the previous one's output, as in the model."""
   embedding_VxD = params['embed']['embedding']
   h = x_MxD
+  mm = matmul.dense  # lax.dot_general, or the skinny kernel inside matmul.use('skinny'), as the model's matmuls
   for q, k, v, o, cq, co, wi, wo in layer_matrices(params, num_layers):
-    a = jnp.tanh(h @ q + h @ k + h @ v) @ o
-    c = jnp.tanh(a @ cq) @ co
-    h = jnp.tanh(jax.nn.relu(c @ wi) @ wo)
-  logits_MxV = jnp.einsum('md,vd->mv', h, embedding_VxD)
+    a = mm(jnp.tanh(mm(h, q) + mm(h, k) + mm(h, v)), o)
+    c = mm(jnp.tanh(mm(a, cq)), co)
+    h = jnp.tanh(mm(jax.nn.relu(mm(c, wi)), wo))
+  logits_MxV = matmul.dense_nt(h, embedding_VxD)
   signal = jnp.max(logits_MxV) * 1e-6  # the next step depends on the projection, as the next token does
   if heads:
     heads_params = params['multi_output']
     last_BxD = h.reshape(batch, -1, h.shape[-1])[:, -1]  # the proposals come from one position per row
     # In the multi-output layer's layout (layers.MultiOutput): the head axis first, a batched matmul per weight.
     x_NxBxD = jnp.broadcast_to(last_BxD, (heads,) + last_BxD.shape)
-    hidden_NxBxF = jax.nn.relu(jnp.einsum('nbd,ndf->nbf', x_NxBxD, heads_params['wi_kernel']))
-    vectors_BxNxD = jnp.moveaxis(jnp.einsum('nbf,nfd->nbd', hidden_NxBxF, heads_params['wo_kernel']), 0, 1)
-    signal = signal + jnp.max(jnp.einsum('bnd,vd->bnv', jnp.tanh(vectors_BxNxD), embedding_VxD)) * 1e-6
+    hidden_NxBxF = jax.nn.relu(matmul.batched(x_NxBxD, heads_params['wi_kernel']))
+    vectors_BxNxD = jnp.moveaxis(matmul.batched(hidden_NxBxF, heads_params['wo_kernel']), 0, 1)
+    signal = signal + jnp.max(matmul.dense_nt(jnp.tanh(vectors_BxNxD), embedding_VxD)) * 1e-6
   return jnp.tanh(h + signal)
 
 
@@ -776,15 +797,17 @@ def run_matmul_floor(config):
   c = model.config
   cache_len = max_len + max(k_values) + 1
   encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p)[0](s, cache_len))
+  kernel = matmul.resolve(config.decode.matmul_kernel)
 
   @functools.partial(jax.jit, static_argnames=('batch', 'k', 'steps'))
+  @functools.partial(matmul.traced, kernel=kernel)
   def matmuls(params_k, batch, k, steps):  # params_k: the first k heads (k = 1: a greedy step), cut outside
     x = jnp.full((batch * k, c.d_model), 0.01, jnp.float32)
     return jax.lax.fori_loop(0, steps, lambda _, x: matmul_step(params_k, x, c.num_decoder_layers, k - 1, batch),
                              x)
 
   print(f'model {config.model.size}: d={c.d_model}, {c.num_decoder_layers} decoder layers, ff {c.d_ff}, vocab '
-        f'{c.vocab_size}; {max_len} tokens per run; {_REPEATS.value} alternating runs, percentile '
+        f'{c.vocab_size}; matmuls: {kernel}; {max_len} tokens per run; {_REPEATS.value} alternating runs, percentile '
         f'{_PERCENTILE.value:g}; ms per greedy '
         'step or iteration')
   ms = lambda name: lambda r: f'{1e3 * r[name]:.3f}'
@@ -798,7 +821,7 @@ def run_matmul_floor(config):
   for batch in [int(b) for b in _BATCH_SIZES.value]:
     src = jnp.asarray(rng.randint(4, c.vocab_size, size=(batch, _SRC_LEN.value)), jnp.int32)
     state = jax.block_until_ready(encode(params, src))
-    real = loop_programs(model, params, state, k_values, max_len)
+    real = loop_programs(model, params, state, k_values, max_len, matmul_kernel=kernel)
     greedy_fn, greedy_args, _, _ = real['greedy']
     for k in k_values:
       block_fn, block_args, block_kwargs, iterations = real[f'blockwise k={k}']

@@ -1,0 +1,202 @@
+// The XLA FFI entry of the skinny matmul (skinny_matmul.h): argument checks, the instruction set chosen at run
+// time, and a thread pool that stays alive between calls, so that a decoding step's dozens of small products pay
+// no thread start: idle workers spin briefly (the next product of a step comes within microseconds), then sleep.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <immintrin.h>
+#include <sched.h>
+
+#include "skinny_matmul.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace bpd {
+namespace {
+
+using RunUnits = void (*)(const MatmulArgs&, int64_t, int64_t);
+
+bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
+bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+RunUnits pick_isa() {
+  const char* force = std::getenv("BPD_SKINNY_ISA");  // 'avx2' to test the narrower path on an AVX-512 machine
+  if (has_avx512() && !(force != nullptr && std::string(force) == "avx2")) return run_units_avx512;
+  if (has_avx2()) return run_units_avx2;
+  return nullptr;
+}
+
+int default_threads() {
+  if (const char* s = std::getenv("BPD_SKINNY_THREADS")) return std::max(1, std::atoi(s));
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+class Pool {
+ public:
+  explicit Pool(int threads) {
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+  }
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs unit(u) for every u in [0, units): the caller and the workers claim units one at a time, so a worker
+  // that the OS has not scheduled (XLA's own threads share the cores) delays nothing: the caller does its share.
+  // If another call holds the pool (XLA may run two products at once), this one runs alone on its caller.
+  void Run(int64_t units, const std::function<void(int64_t)>& unit) {
+    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock() || workers_.empty() || units <= 1) {
+      for (int64_t u = 0; u < units; ++u) unit(u);
+      return;
+    }
+    job_ = &unit;
+    units_ = units;
+    next_.store(0, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      epoch_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    Claim();
+    // Every unit finished, and no worker still inside this job (one that woke late sees no unit left and leaves).
+    while (done_.load(std::memory_order_acquire) != units || active_.load(std::memory_order_acquire) != 0)
+      _mm_pause();
+  }
+
+ private:
+  void Claim() {
+    for (int64_t u; (u = next_.fetch_add(1, std::memory_order_acq_rel)) < units_;) {
+      (*job_)(u);
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void Work() {
+    uint64_t seen = 0;
+    for (;;) {
+      auto idle_since = std::chrono::steady_clock::now();
+      int spins = 0;
+      while (epoch_.load(std::memory_order_acquire) == seen) {
+        _mm_pause();
+        if (++spins % 256 == 0 && std::chrono::steady_clock::now() - idle_since > std::chrono::microseconds(300)) {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [&] { return epoch_.load(std::memory_order_acquire) != seen; });
+        }
+      }
+      active_.fetch_add(1, std::memory_order_acq_rel);
+      seen = epoch_.load(std::memory_order_acquire);
+      // The job may already be over (every unit claimed and done); then next_ >= units_ and Claim does nothing.
+      if (done_.load(std::memory_order_acquire) != units_) Claim();
+      active_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex busy_, mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<int64_t> next_{0}, done_{0};
+  std::atomic<int> active_{0};
+  const std::function<void(int64_t)>* job_ = nullptr;
+  int64_t units_ = 0;
+};
+
+Pool& pool() {
+  static Pool* p = new Pool(default_threads());  // never destroyed: workers may outlive static destruction order
+  return *p;
+}
+
+// Below this many weight bytes a product runs on one thread: the hand-off would cost more than it saves.
+constexpr int64_t kParallelBytes = 96 * 1024;
+
+void run(const MatmulArgs& a, RunUnits units) {
+  const int64_t total = num_units(a);
+  const int64_t bytes = (a.w_shared ? 1 : a.batch) * a.k * a.n * int64_t{4};
+  if (bytes < kParallelBytes) {
+    units(a, 0, total);
+    return;
+  }
+  pool().Run(total, [&](int64_t u) { units(a, u, u + 1); });
+}
+
+// x [B, M, K]; w [Bw, K, N], [Bw, N, K] (transpose_w) or [Bw, tiles, K, kTile] (packed), where Bw = 1 or B; or
+// with w_index >= 0 one more leading axis, of which only entry w_index is read (a head's weights, not copied);
+// bias [Bw, N] or [0, N] (none); y [B, M, N].
+ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
+                        int64_t transpose_w, int64_t packed, int64_t w_index) {
+  static const RunUnits units = pick_isa();
+  if (units == nullptr) return ffi::Error::InvalidArgument("bpd skinny matmul: this CPU has neither AVX-512 nor AVX2+FMA");
+  if (x.element_type() != ffi::F32 || w.element_type() != ffi::F32 || bias.element_type() != ffi::F32 ||
+      y->element_type() != ffi::F32)
+    return ffi::Error::InvalidArgument("bpd skinny matmul: float32 operands only");
+  const auto xd = x.dimensions(), yd = y->dimensions(), bd = bias.dimensions();
+  const auto w_dims = w.dimensions();
+  const size_t w_rank = (packed ? 4 : 3) + (w_index >= 0 ? 1 : 0);
+  if (xd.size() != 3 || w_dims.size() != w_rank || yd.size() != 3 || bd.size() != 2)
+    return ffi::Error::InvalidArgument("bpd skinny matmul: operand ranks do not match the layout");
+  const float* w_data = reinterpret_cast<const float*>(w.untyped_data());
+  std::vector<int64_t> wd(w_dims.begin(), w_dims.end());
+  if (w_index >= 0) {  // entry w_index of the leading axis
+    if (w_index >= wd[0]) return ffi::Error::InvalidArgument("bpd skinny matmul: w_index out of range");
+    int64_t entry = 1;
+    for (size_t i = 1; i < wd.size(); ++i) entry *= wd[i];
+    w_data += w_index * entry;
+    wd.erase(wd.begin());
+  }
+  MatmulArgs a;
+  a.batch = xd[0];
+  a.m = xd[1];
+  a.k = xd[2];
+  a.transpose_w = transpose_w != 0;
+  a.packed = packed != 0;
+  a.n = yd[2];
+  const int64_t wk = a.packed ? wd[2] : a.transpose_w ? wd[2] : wd[1];
+  const bool w_n_ok = a.packed ? (wd[1] == num_tiles(a.n) && wd[3] == kTile) : (a.transpose_w ? wd[1] : wd[2]) == a.n;
+  a.w_shared = wd[0] == 1;
+  if (wk != a.k || !w_n_ok || (a.packed && a.transpose_w) || !(wd[0] == 1 || wd[0] == a.batch) ||
+      yd[0] != a.batch || yd[1] != a.m || !(bd[0] == 0 || (bd[0] == wd[0] && bd[1] == a.n)))
+    return ffi::Error::InvalidArgument("bpd skinny matmul: shapes of x, w, bias and y do not agree");
+  a.x = reinterpret_cast<const float*>(x.untyped_data());
+  a.w = w_data;
+  a.bias = bd[0] == 0 ? nullptr : reinterpret_cast<const float*>(bias.untyped_data());
+  a.y = reinterpret_cast<float*>(y->untyped_data());
+  if (a.batch * a.m * a.n == 0) return ffi::Error::Success();
+  if (a.k == 0) {
+    std::fill(a.y, a.y + a.batch * a.m * a.n, 0.0f);
+    return ffi::Error::Success();
+  }
+  run(a, units);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace bpd
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdSkinnyMatmul, bpd::SkinnyMatmul,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("transpose_w")
+                                  .Attr<int64_t>("packed")
+                                  .Attr<int64_t>("w_index"));
+
+extern "C" {
+// For bpd/matmul.py: which instruction set the kernel runs ("avx512", "avx2" or "" where it cannot run).
+__attribute__((visibility("default"))) const char* bpd_skinny_isa() {
+  const auto units = bpd::pick_isa();
+  return units == bpd::run_units_avx512 ? "avx512" : units == bpd::run_units_avx2 ? "avx2" : "";
+}
+__attribute__((visibility("default"))) int bpd_skinny_threads() { return bpd::pool().size(); }
+}

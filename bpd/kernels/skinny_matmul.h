@@ -1,0 +1,40 @@
+// Skinny matmul: y[b, M, N] = x[b, M, K] . W[b, K, N] (+ bias[b, N]), float32, for few rows M.
+//
+// Why: at batch 1 a decoder call multiplies a handful of rows (1 for greedy, k for a verification) by every weight
+// matrix. The time is that of reading the weights, so a kernel that streams each weight once for all M rows
+// makes k rows cost about what one row costs (DESIGN §8). XLA's CPU backend splits such products differently for
+// each M and reads the weights at a fraction of the one-row rate.
+//
+// Bitwise independence of M: every output element is summed in one order whatever M is (k ascending, one FMA per
+// term, then the bias; with a transposed W, 16-lane partial sums in k order, then one fixed lane reduction), and
+// the row blocking only decides which rows share a weight load. So a verification of k tokens computes exactly
+// the logits that k greedy steps would.
+#pragma once
+
+#include <cstdint>
+
+namespace bpd {
+
+struct MatmulArgs {
+  const float* x;     // [batch, m, k]
+  const float* w;     // [w_batch, k, n]; [w_batch, n, k] with transpose_w; [w_batch, tiles, k, kTile] packed
+  const float* bias;  // [w_batch, n], or nullptr
+  float* y;           // [batch, m, n]
+  int64_t batch, m, k, n;
+  bool w_shared;      // w_batch == 1: every batch entry multiplies the same W (and bias)
+  bool transpose_w;   // W stored [n, k]: y = x . W^T (the tied vocabulary projection)
+  bool packed;        // W stored column tile by column tile, each [k, kTile] contiguous, zeros past n (pack_nn):
+                      // the kernel then reads W front to back, which DRAM and the prefetchers stream at full rate
+};
+
+// Output columns are cut into tiles of kTile; a unit of work is one (batch entry, column tile).
+constexpr int64_t kTile = 64;
+inline int64_t num_tiles(int64_t n) { return (n + kTile - 1) / kTile; }
+
+inline int64_t num_units(const MatmulArgs& a) { return a.batch * num_tiles(a.n); }
+
+// Compute units [begin, end): every row of those column tiles.
+void run_units_avx512(const MatmulArgs& a, int64_t begin, int64_t end);
+void run_units_avx2(const MatmulArgs& a, int64_t begin, int64_t end);
+
+}  // namespace bpd

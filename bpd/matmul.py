@@ -1,0 +1,187 @@
+"""The weight matmuls of decoding, on XLA or on bpd's skinny-matmul kernel (bpd/kernels).
+
+Why a kernel of our own: at batch 1 every decoder call multiplies a few rows (1 for a greedy step, k or a tree's N
+for a verification) by each weight matrix, and its time is that of reading the weights. XLA's CPU backend runs such
+products at a fraction of the bandwidth of a one-row product once M > 1, so a k-token verification cost several
+greedy steps (docs/results/benchmark.md). The skinny kernel streams each weight once for all M <= MAX_ROWS rows,
+and sums every output in one order whatever M is: on CPU a verification's logits are bit for bit a greedy step's
+(DESIGN §8).
+
+How it plugs in: the model's matmuls go through the functions here (`dot_general` for flax's Dense and
+DenseGeneral, `dense`, `dense_nt` for the tied vocabulary projection, `batched` for the multi-output layer), which
+call `lax.dot_general` unless a decoder traces them inside `use('skinny')`. The parameters are the same either way.
+Training never enters `use`, so gradients never meet the kernel.
+
+The setting (config.decode.matmul_kernel): 'xla' always lax.dot_general; 'skinny' the kernel (CPU, one device;
+a clear error where it cannot be built); 'auto' the kernel where it can run, else XLA, with one warning line.
+"""
+
+import contextlib
+import contextvars
+import ctypes
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+from jax import lax
+
+from bpd.errors import UserError
+
+KERNELS = ('auto', 'xla', 'skinny')
+MAX_ROWS = 64  # rows (M) the kernel takes; more go to XLA: its weight strips are re-read from cache per 6 rows
+_TARGET = 'bpd_skinny_matmul'
+
+_active = contextvars.ContextVar('bpd_matmul_kernel', default='xla')
+
+
+@functools.cache
+def _library():
+  """(isa, threads) of the loaded library, built on first use and registered with XLA; raises BuildError."""
+  from bpd.kernels import build  # pylint: disable=import-outside-toplevel
+  lib = ctypes.CDLL(str(build.library_path()))
+  lib.bpd_skinny_isa.restype = ctypes.c_char_p
+  isa = lib.bpd_skinny_isa().decode()
+  if not isa:
+    raise build.BuildError('this CPU has neither AVX-512 nor AVX2 with FMA')
+  jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.BpdSkinnyMatmul), platform='cpu')
+  return isa, lib.bpd_skinny_threads()
+
+
+def kernel_info() -> str:
+  """'avx512, 2 threads' where the kernel runs, else why not (for benchmark records)."""
+  from bpd.kernels import build  # pylint: disable=import-outside-toplevel
+  try:
+    isa, threads = _library()
+  except build.BuildError as e:
+    return f'unavailable: {e}'
+  return f'{isa}, {threads} threads'
+
+
+def resolve(setting: str, mesh=None) -> str:
+  """'xla' or 'skinny' for a decoder from config.decode.matmul_kernel (see the module docstring); mesh: the
+  decoder's mesh (the kernel runs on one CPU device; sharded decoding stays on XLA)."""
+  from bpd.kernels import build  # pylint: disable=import-outside-toplevel
+  if setting not in KERNELS:
+    raise UserError(f'config.decode.matmul_kernel={setting!r}: choose one of {KERNELS} (auto: the skinny kernel on '
+                    'CPU where it builds, else XLA).')
+  if setting == 'xla':
+    return 'xla'
+  where = None
+  if jax.default_backend() != 'cpu':
+    where = f'it runs on CPU only (the backend is {jax.default_backend()})'
+  elif mesh is not None and mesh.size > 1:
+    where = f'it runs on one device (the mesh has {mesh.size})'
+  else:
+    try:
+      _library()
+    except build.BuildError as e:
+      where = f'it could not be built: {e}'
+  if where is None:
+    return 'skinny'
+  if setting == 'skinny':
+    raise UserError(f'config.decode.matmul_kernel=skinny: {where}; use auto or xla.')
+  _warn_once(f'config.decode.matmul_kernel=auto: using XLA\'s matmuls, since the skinny kernel cannot be used: {where}')
+  return 'xla'
+
+
+@functools.cache
+def _warn_once(message):
+  logging.warning(message)
+
+
+@contextlib.contextmanager
+def use(kernel: str):
+  """Trace the model's matmuls with `kernel` ('xla' or 'skinny', from `resolve`). Enter it inside the function
+  that jax.jit traces, so that each compiled program is traced under its own setting."""
+  if kernel not in ('xla', 'skinny'):
+    raise ValueError(f'use({kernel!r}): pass resolve(...)\'s result, xla or skinny')
+  token = _active.set(kernel)
+  try:
+    yield
+  finally:
+    _active.reset(token)
+
+
+def traced(fn, kernel: str):
+  """fn, traced under use(kernel): wrap a function before jax.jit, so that its program is compiled with kernel."""
+  @functools.wraps(fn)
+  def with_kernel(*args, **kwargs):
+    with use(kernel):
+      return fn(*args, **kwargs)
+  return with_kernel
+
+
+def _fits(x, w, rows: int) -> bool:
+  return (_active.get() == 'skinny' and 0 < rows <= MAX_ROWS and x.dtype == jnp.float32 and w.dtype == jnp.float32)
+
+
+def _skinny(x_BxMxK, w, bias_BwxN, n: int, transpose_w=False, packed=False, w_index=-1):
+  """The kernel on 3-D x: y [B, M, N] = x . w, w [Bw, K, N], [Bw, N, K] (transpose_w) or [Bw, tiles, K, TILE]
+  (packed), Bw in {1, B}; with w_index >= 0, w has one more leading axis and its entry w_index is used."""
+  _library()  # registers the target before anything is compiled with it
+  b, m, _ = x_BxMxK.shape
+  if bias_BwxN is None:
+    bias_BwxN = jnp.zeros((0, n), jnp.float32)
+  call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((b, m, n), jnp.float32), vmap_method='sequential')
+  return call(x_BxMxK, w, bias_BwxN.astype(jnp.float32), transpose_w=int(transpose_w), packed=int(packed),
+              w_index=int(w_index))
+
+
+TILE = 64  # columns per packed tile (kTile in bpd/kernels/skinny_matmul.h)
+
+
+def pack(w_Bx___xKxN):
+  """The packed layout of weights [..., K, N]: [..., tiles, K, TILE], each tile of TILE columns contiguous, zeros
+  past N. The kernel reads a packed weight front to back; in the [K, N] layout its column tiles are strided rows,
+  which DRAM serves at a fraction of the rate once the weights do not fit in cache. Made once per decoder and
+  parameters (bpd/decoder.py), never in a decoding loop."""
+  *lead, k, n = w_Bx___xKxN.shape
+  tiles = -(-n // TILE)
+  padded = jnp.pad(w_Bx___xKxN, [(0, 0)] * len(lead) + [(0, 0), (0, tiles * TILE - n)])
+  return jnp.swapaxes(padded.reshape(*lead, k, tiles, TILE), -3, -2)
+
+
+def dense(x_Bx___xK, w_KxN, bias_N=None, preferred_element_type=None, packed=None, packed_index=None):
+  """x @ w (+ bias): [..., K] x [K, N] -> [..., N]. packed: `pack(w)` (the kernel reads it instead of w), or with
+  packed_index (a Python int) pack of the [H, K, N] stack whose entry packed_index w is."""
+  rows = math.prod(x_Bx___xK.shape[:-1])
+  if not _fits(x_Bx___xK, w_KxN, rows):
+    y = jnp.matmul(x_Bx___xK, w_KxN, preferred_element_type=preferred_element_type)
+    return y if bias_N is None else y + bias_N
+  bias = None if bias_N is None else bias_N[None]
+  n = w_KxN.shape[1]
+  x = x_Bx___xK.reshape(1, rows, -1)
+  if packed is None:
+    y = _skinny(x, w_KxN[None], bias, n)
+  elif packed_index is None:
+    y = _skinny(x, packed[None], bias, n, packed=True)
+  else:
+    y = _skinny(x, packed[:, None], bias, n, packed=True, w_index=packed_index)
+  return y.reshape(x_Bx___xK.shape[:-1] + (n,))
+
+
+def dense_nt(x_Bx___xK, w_NxK):
+  """x @ w.T, float32: [..., K] x [N, K] -> [..., N] (the tied vocabulary projection, embedding [V, D]: its rows
+  are contiguous, so it needs no packing)."""
+  rows = math.prod(x_Bx___xK.shape[:-1])
+  if not _fits(x_Bx___xK, w_NxK, rows):
+    return jnp.einsum('...k,nk->...n', x_Bx___xK.astype(w_NxK.dtype), w_NxK, preferred_element_type=jnp.float32)
+  y = _skinny(x_Bx___xK.reshape(1, rows, -1), w_NxK[None], None, w_NxK.shape[0], transpose_w=True)
+  return y.reshape(x_Bx___xK.shape[:-1] + w_NxK.shape[:1])
+
+
+def batched(x_Nx___xK, w_NxKxF, bias_NxF=None, packed=None):
+  """One matmul per leading index n: [n, ..., K] x [n, K, F] -> [n, ..., F] (+ bias [n, F]), the multi-output
+  layer's heads (layers.MultiOutput). packed: `pack(w)`."""
+  n, rows = x_Nx___xK.shape[0], math.prod(x_Nx___xK.shape[1:-1])
+  if not _fits(x_Nx___xK, w_NxKxF, rows):
+    y = jnp.einsum('n...k,nkf->n...f', x_Nx___xK, w_NxKxF)
+    if bias_NxF is not None:
+      y = y + bias_NxF.reshape((n,) + (1,) * (x_Nx___xK.ndim - 2) + bias_NxF.shape[-1:])
+    return y
+  f = w_NxKxF.shape[-1]
+  x = x_Nx___xK.reshape(n, rows, -1)
+  y = _skinny(x, w_NxKxF, bias_NxF, f) if packed is None else _skinny(x, packed, bias_NxF, f, packed=True)
+  return y.reshape(x_Nx___xK.shape[:-1] + (f,))
