@@ -131,6 +131,8 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype, heads_major=False
   heads_major: the decoding caches' layout (`attend_cached`): keys come as [B, H, K, S], values as [B, H, S, K].
   """
   depth = q_BxTxHxK.shape[-1]
+  if heads_major and matmul.active() == 'skinny':
+    return _attend_skinny(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype)
   keys = 'bhks' if heads_major else 'bshk'
   logits_BxHxTxS = jnp.einsum(f'bthk,{keys}->bhts', q_BxTxHxK, k_BxSxHxK).astype(jnp.float32)
   logits_BxHxTxS = logits_BxHxTxS / np.sqrt(depth).astype(np.float32)
@@ -142,6 +144,20 @@ def attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask_BxTxS, dtype, heads_major=False
     # small [B, H, T, K] result (experiments/bench_decode.py --mode=profile).
     return jnp.swapaxes(jnp.einsum('bhts,bhsk->bhtk', weights_BxHxTxS, v_BxSxHxK), 1, 2)
   return jnp.einsum('bhts,bshk->bthk', weights_BxHxTxS, v_BxSxHxK)
+
+
+def _attend_skinny(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Array:
+  """`attend` on the decoding caches with both products on the skinny kernel (bpd/matmul.py), one [T, K] x [K, S]
+  and one [T, S] x [S, K] per (b, h): each query row's logits and output are then summed in one order whatever T
+  is, so that a T-token verification computes what T one-token steps compute, bit for bit (DESIGN §8)."""
+  b, t, h, depth = q_BxTxHxK.shape
+  q_NxTxK = jnp.swapaxes(q_BxTxHxK, 1, 2).reshape(b * h, t, depth)
+  logits_NxTxS = matmul.batched(q_NxTxK, k_BxHxKxS.reshape(b * h, depth, -1)).astype(jnp.float32)
+  logits_BxHxTxS = logits_NxTxS.reshape(b, h, t, -1) / np.sqrt(depth).astype(np.float32)
+  logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, NEG_INF)
+  weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
+  out_NxTxK = matmul.batched(weights_BxHxTxS.reshape(b * h, t, -1), v_BxHxSxK.reshape(b * h, -1, depth))
+  return jnp.swapaxes(out_NxTxK.reshape(b, h, t, depth), 1, 2)
 
 
 def attend_cached(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Array:

@@ -32,6 +32,7 @@ from bpd.errors import UserError
 KERNELS = ('auto', 'xla', 'skinny')
 MAX_ROWS = 64  # rows (M) the kernel takes; more go to XLA: its weight strips are re-read from cache per 6 rows
 _TARGET = 'bpd_skinny_matmul'
+_ARGMAX = 'bpd_argmax'
 
 _active = contextvars.ContextVar('bpd_matmul_kernel', default='xla')
 
@@ -46,6 +47,7 @@ def _library():
   if not isa:
     raise build.BuildError('this CPU has neither AVX-512 nor AVX2 with FMA')
   jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.BpdSkinnyMatmul), platform='cpu')
+  jax.ffi.register_ffi_target(_ARGMAX, jax.ffi.pycapsule(lib.BpdArgmax), platform='cpu')
   return isa, lib.bpd_skinny_threads()
 
 
@@ -102,6 +104,11 @@ def use(kernel: str):
     yield
   finally:
     _active.reset(token)
+
+
+def active() -> str:
+  """'skinny' while a decoder traces under use('skinny'), else 'xla'."""
+  return _active.get()
 
 
 def traced(fn, kernel: str):
@@ -185,3 +192,15 @@ def batched(x_Nx___xK, w_NxKxF, bias_NxF=None, packed=None):
   x = x_Nx___xK.reshape(n, rows, -1)
   y = _skinny(x, w_NxKxF, bias_NxF, f) if packed is None else _skinny(x, packed, bias_NxF, f, packed=True)
   return y.reshape(x_Nx___xK.shape[:-1] + (f,))
+
+
+def argmax(logits_Bx___xV):
+  """The library's argmax over the last axis (first index of the maximum), int32 [B, ...], inside use('skinny');
+  None elsewhere (the caller uses XLA's). On a vocabulary-wide buffer that a kernel wrote (not fusible into its
+  producer), XLA's CPU argmax and top_k took longer than the projection that made the logits."""
+  if _active.get() != 'skinny' or logits_Bx___xV.dtype != jnp.float32 or logits_Bx___xV.shape[-1] == 0:
+    return None
+  _library()
+  rows = math.prod(logits_Bx___xV.shape[:-1])
+  call = jax.ffi.ffi_call(_ARGMAX, jax.ShapeDtypeStruct((rows,), jnp.int32), vmap_method='sequential')
+  return call(logits_Bx___xV.reshape(rows, -1)).reshape(logits_Bx___xV.shape[:-1])

@@ -749,13 +749,14 @@ def run_profile(config):
 
 # -- --mode=matmul_floor: only the weight matmuls of a step and of an iteration ----------------------------------------
 
-def layer_matrices(params, num_layers):
-  """Per decoder layer the [in, out] weight matrices a decoding call multiplies by, in the order it does."""
+def layer_matrices(params, num_layers, packed=False):
+  """Per decoder layer the [in, out] weight matrices a decoding call multiplies by, in the order it does; with
+  packed, the same of the packed tree (model.packed_weights), already flat."""
   out = []
   for i in range(num_layers):
     layer = params[f'decoder_layers_{i}']
-    flat_in = lambda kernel: kernel.reshape(kernel.shape[0], -1)    # DenseGeneral [D, H, K] -> [D, D]
-    flat_out = lambda kernel: kernel.reshape(-1, kernel.shape[-1])  # [H, K, D] -> [D, D]
+    flat_in = lambda kernel: kernel if packed else kernel.reshape(kernel.shape[0], -1)  # [D, H, K] -> [D, D]
+    flat_out = lambda kernel: kernel if packed else kernel.reshape(-1, kernel.shape[-1])  # [H, K, D] -> [D, D]
     self_attn, cross = layer['self_attn'], layer['cross_attn']
     out.append([flat_in(self_attn['query']['kernel']), flat_in(self_attn['key']['kernel']),
                 flat_in(self_attn['value']['kernel']), flat_out(self_attn['out']['kernel']),
@@ -764,15 +765,17 @@ def layer_matrices(params, num_layers):
   return out
 
 
-def matmul_step(params, x_MxD, num_layers, heads, batch):
+def matmul_step(params, x_MxD, num_layers, heads, batch, packed=None):
   """One step's (heads = 0) or one iteration's (heads = k - 1) weight matmuls on M = batch x (1 or k) rows;
   returns the next x_MxD. params['multi_output'] holds exactly `heads` heads (cut outside the loop).
 
   Self-attention's q, k and v all read the layer's input (their sum goes on, so none is dead); every other matmul
-  reads the previous one's output, as in the model."""
+  reads the previous one's output, as in the model. packed: model.packed_weights(params) for the skinny kernel."""
   embedding_VxD = params['embed']['embedding']
   h = x_MxD
-  mm = matmul.dense  # lax.dot_general, or the skinny kernel inside matmul.use('skinny'), as the model's matmuls
+  # lax.dot_general, or the skinny kernel (on the packed weights) inside matmul.use('skinny'), as the model's matmuls
+  packs = iter(sum(layer_matrices(packed, num_layers, packed=True), []) if packed is not None else [])
+  mm = lambda x, w: matmul.dense(x, w, packed=next(packs, None))
   for q, k, v, o, cq, co, wi, wo in layer_matrices(params, num_layers):
     a = mm(jnp.tanh(mm(h, q) + mm(h, k) + mm(h, v)), o)
     c = mm(jnp.tanh(mm(a, cq)), co)
@@ -784,8 +787,10 @@ def matmul_step(params, x_MxD, num_layers, heads, batch):
     last_BxD = h.reshape(batch, -1, h.shape[-1])[:, -1]  # the proposals come from one position per row
     # In the multi-output layer's layout (layers.MultiOutput): the head axis first, a batched matmul per weight.
     x_NxBxD = jnp.broadcast_to(last_BxD, (heads,) + last_BxD.shape)
-    hidden_NxBxF = jax.nn.relu(matmul.batched(x_NxBxD, heads_params['wi_kernel']))
-    vectors_BxNxD = jnp.moveaxis(matmul.batched(hidden_NxBxF, heads_params['wo_kernel']), 0, 1)
+    heads_packed = packed['multi_output'] if packed is not None else {}
+    hidden_NxBxF = jax.nn.relu(matmul.batched(x_NxBxD, heads_params['wi_kernel'], packed=heads_packed.get('wi_kernel')))
+    vectors_BxNxD = jnp.moveaxis(matmul.batched(hidden_NxBxF, heads_params['wo_kernel'],
+                                                packed=heads_packed.get('wo_kernel')), 0, 1)
     signal = signal + jnp.max(matmul.dense_nt(jnp.tanh(vectors_BxNxD), embedding_VxD)) * 1e-6
   return jnp.tanh(h + signal)
 
@@ -801,10 +806,10 @@ def run_matmul_floor(config):
 
   @functools.partial(jax.jit, static_argnames=('batch', 'k', 'steps'))
   @functools.partial(matmul.traced, kernel=kernel)
-  def matmuls(params_k, batch, k, steps):  # params_k: the first k heads (k = 1: a greedy step), cut outside
+  def matmuls(params_k, packed_k, batch, k, steps):  # params_k: the first k heads (k = 1: a greedy step), cut outside
     x = jnp.full((batch * k, c.d_model), 0.01, jnp.float32)
-    return jax.lax.fori_loop(0, steps, lambda _, x: matmul_step(params_k, x, c.num_decoder_layers, k - 1, batch),
-                             x)
+    return jax.lax.fori_loop(
+        0, steps, lambda _, x: matmul_step(params_k, x, c.num_decoder_layers, k - 1, batch, packed_k), x)
 
   print(f'model {config.model.size}: d={c.d_model}, {c.num_decoder_layers} decoder layers, ff {c.d_ff}, vocab '
         f'{c.vocab_size}; matmuls: {kernel}; {max_len} tokens per run; {_REPEATS.value} alternating runs, percentile '
@@ -827,8 +832,8 @@ def run_matmul_floor(config):
       block_fn, block_args, block_kwargs, iterations = real[f'blockwise k={k}']
       fns = [lambda: greedy_fn(*greedy_args),
              lambda: block_fn(*block_args, **block_kwargs),
-             lambda: matmuls(params, batch=batch, k=1, steps=max_len),
-             lambda k=k: matmuls(block_args[0], batch=batch, k=k, steps=iterations)]
+             lambda: matmuls(params, greedy_args[1], batch=batch, k=1, steps=max_len),
+             lambda k=k: matmuls(block_args[0], block_args[1], batch=batch, k=k, steps=iterations)]
       g, b, mg, mb = timing.time_alternating(fns, _REPEATS.value, f'matmul_floor k={k} batch={batch}',
                                              lambda t: float(np.percentile(t, _PERCENTILE.value)))
       # The blockwise loop's first call only proposes (about one greedy step): not an iteration.

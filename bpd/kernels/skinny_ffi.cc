@@ -179,8 +179,37 @@ ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
   return ffi::Error::Success();
 }
 
+// argmax over the last axis of x [R, V] into y [R] (int32): the first index of the maximum, so ties go to the
+// lower id as jnp.argmax's do, and a NaN, once met, is the maximum (as in jnp.argmax). XLA's CPU backend runs its
+// own argmax of a few rows of a vocabulary-wide buffer as a slow variadic reduction, and top_k as a slow custom call.
+ffi::Error Argmax(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
+  const auto xd = x.dimensions();
+  if (x.element_type() != ffi::F32 || y->element_type() != ffi::S32 || xd.size() != 2 || xd[1] == 0)
+    return ffi::Error::InvalidArgument("bpd argmax: expected float32 x [R, V >= 1] and int32 y [R]");
+  const float* data = reinterpret_cast<const float*>(x.untyped_data());
+  int32_t* out = reinterpret_cast<int32_t*>(y->untyped_data());
+  const int64_t rows = xd[0], v = xd[1];
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = data + r * v;
+    int64_t best = 0;
+    float best_value = row[0];
+    for (int64_t i = 1; i < v && best_value == best_value; ++i) {
+      const float value = row[i];
+      if (value > best_value || value != value) {
+        best_value = value;
+        best = i;
+      }
+    }
+    out[r] = static_cast<int32_t>(best);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace bpd
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdArgmax, bpd::Argmax,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdSkinnyMatmul, bpd::SkinnyMatmul,
                               ffi::Ffi::Bind()
