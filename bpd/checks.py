@@ -14,6 +14,7 @@ from bpd import checkpoint
 from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import draft_vocab
+from bpd import matmul
 from bpd import model as model_lib
 from bpd import speculative
 from bpd import trees
@@ -118,6 +119,16 @@ def check_matmul_precision(config) -> str:
     raise UserError(f'config.decode.matmul_precision={precision!r}: choose one of {MATMUL_PRECISIONS} '
                     "('' keeps the backend's default; 'highest' is full float32).")
   return precision
+
+
+def check_matmul_kernel(config) -> str:
+  """config.decode.matmul_kernel, checked: 'auto', 'xla' or 'skinny' (bpd/matmul.py, which also refuses skinny
+  where it cannot run, when a decoder is made)."""
+  kernel = config.decode.get('matmul_kernel', 'auto')
+  if kernel not in matmul.KERNELS:
+    raise UserError(f'config.decode.matmul_kernel={kernel!r}: choose one of {matmul.KERNELS} (auto: the skinny '
+                    'kernel on CPU where it builds, else XLA).')
+  return kernel
 
 
 def check_decode(config, workdir: str, model_config) -> list:

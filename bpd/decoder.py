@@ -161,8 +161,8 @@ class Decoder:
   def sample(self, params, src_BxS, temperature: float, seed: int, top_k: int = 0, top_p: float = 1.0):
     """Ancestral sampling at `temperature`, truncated to top_k / top_p (see sampling_score_fn; 0 and 1: off). The
     same seed and batch give the same samples; a row's sample depends on the seed and on its place in the batch."""
-    return self._sample_jit(params, self._packed(params), self._put(src_BxS), np.float32(temperature), jax.random.PRNGKey(seed),
-                            top_k=top_k, top_p=top_p)
+    return self._sample_jit(params, self._packed(params), self._put(src_BxS), np.float32(temperature),
+                            jax.random.PRNGKey(seed), top_k=top_k, top_p=top_p)
 
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""

@@ -36,7 +36,8 @@ def distill(config, workdir: str) -> str:
   mesh = sharding.make_mesh(config.model_axis_size)
   model_config, params, step = checkpoint.load_params(workdir, mesh=mesh, step=config.checkpoint_step)
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
-  decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.distill.max_len, mesh)
+  decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.distill.max_len, mesh,
+                                matmul_kernel=checks.check_matmul_kernel(config))
   batch_size = sharding.decode_batch_size(config.distill.batch_size, mesh)
   src, _ = pipeline.load_split(data, data.train_split, config.seed)
   out_dir = os.path.join(workdir, pipeline.DISTILL_DIR)

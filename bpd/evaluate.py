@@ -183,13 +183,14 @@ def load_for_decoding(config, workdir: str, task, mesh=None):
   # config.model.draft_vocab as set now: model.json's ids, counted ones, or none (bpd/draft_vocab.py)
   model_config = draft_vocab.for_decoding(config, model_config, task, tokenizer)
   decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh,
-                                eos_id=task.eos_id)
+                                eos_id=task.eos_id, matmul_kernel=checks.check_matmul_kernel(config))
   return model_config, params, step, tokenizer, decoder
 
 
 def decode_sweep(config, workdir: str) -> list[dict]:
   """The `--mode=decode` sweep over the newest checkpoint in `workdir`; writes {workdir}/decode/*."""
   precision = checks.check_matmul_precision(config)
+  checks.check_matmul_kernel(config)
   # '' -> None: the backend's default. On GPUs and TPUs the default float32 matmul may round through TF32 /
   # bfloat16 passes; results then depend on the shapes of the call (batch size, tokens per call) by more than
   # float32 rounding, argmax near-ties flip, and `exact` rows stop matching greedy (docs/results/gpu.md).

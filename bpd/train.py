@@ -362,7 +362,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     checkpoint.write_model_config(workdir, model_config)
   model = model_lib.Transformer(model_config)
 
-  decoder = decoder_lib.Decoder(model, max_len=task.training_decode_len(config), mesh=mesh, eos_id=task.eos_id)
+  decoder = decoder_lib.Decoder(model, max_len=task.training_decode_len(config), mesh=mesh, eos_id=task.eos_id,
+                                matmul_kernel=checks.check_matmul_kernel(config))
   batch_for_step, eval_batches, quick_eval = training_data(config, task, tokenizer, decoder)
 
   mngr = checkpoint.manager(workdir, tc.keep_checkpoints)

@@ -48,8 +48,7 @@ def _key(cxx: str, include_dir: str) -> str:
   for header in ('api.h', 'ffi.h', 'c_api.h'):
     path = pathlib.Path(include_dir, 'xla', 'ffi', 'api', header)
     h.update(path.read_bytes() if path.exists() else b'')
-  version = subprocess.run([cxx, '--version'], capture_output=True, text=True).stdout
-  h.update(version.encode())
+  h.update(_run([cxx, '--version']).encode())
   h.update(' '.join(COMMON_FLAGS).encode())
   return h.hexdigest()[:16]
 
@@ -76,13 +75,15 @@ def library_path() -> pathlib.Path:
   return target
 
 
-def _run(cmd):
+def _run(cmd) -> str:
+  """cmd's standard output; BuildError if it cannot run or fails."""
   try:
     done = subprocess.run(cmd, capture_output=True, text=True)
   except OSError as e:
-    raise BuildError(f'{cmd[0]} could not run: {e}') from e
+    raise BuildError(f'{cmd[0]} could not run ({e.strerror})') from e
   if done.returncode != 0:
     raise BuildError(f'{" ".join(cmd)} failed:\n{done.stderr[-2000:]}')
+  return done.stdout
 
 
 if __name__ == '__main__':

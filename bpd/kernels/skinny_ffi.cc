@@ -135,7 +135,8 @@ void run(const MatmulArgs& a, RunUnits units) {
 ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
                         int64_t transpose_w, int64_t packed, int64_t w_index) {
   static const RunUnits units = pick_isa();
-  if (units == nullptr) return ffi::Error::InvalidArgument("bpd skinny matmul: this CPU has neither AVX-512 nor AVX2+FMA");
+  if (units == nullptr)
+    return ffi::Error::InvalidArgument("bpd skinny matmul: this CPU has neither AVX-512 nor AVX2+FMA");
   if (x.element_type() != ffi::F32 || w.element_type() != ffi::F32 || bias.element_type() != ffi::F32 ||
       y->element_type() != ffi::F32)
     return ffi::Error::InvalidArgument("bpd skinny matmul: float32 operands only");

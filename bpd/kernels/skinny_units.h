@@ -12,8 +12,11 @@
 namespace bpd {
 namespace {
 
-constexpr int kMaxMr = Isa::kW == 16 ? 6 : 4;   // rows per register block (x broadcasts)
-constexpr int kMaxNv = Isa::kW == 16 ? 4 : 2;   // vectors per register block (columns = kMaxNv * kW)
+// Two register-block shapes (accumulators + W vectors + one broadcast fit the 32 zmm or 16 ymm registers): wide
+// (few rows, more columns) when all M rows fit in one wide block, else tall, so that up to kTallMr rows share one
+// pass over W (a second pass would re-read the strip from cache).
+constexpr int kWideMr = 6, kWideNv = Isa::kW == 16 ? 4 : 2;
+constexpr int kTallMr = 12, kTallNv = Isa::kW == 16 ? 2 : 1;
 constexpr int kNtMr = Isa::kW == 16 ? 4 : 2;    // transposed W: rows per block
 constexpr int kNtNr = 4;                         // transposed W: W rows (output columns) per block
 constexpr int kPrefetchRows = 16;                // W rows ahead: a strip row is one to four cache lines
@@ -28,7 +31,8 @@ void nn_block(const float* x, int64_t ldx, const float* w, int64_t ldw, const fl
     for (int j = 0; j < NV; ++j) acc[i][j] = Isa::zero();
   for (int64_t k = 0; k < K; ++k) {
     const float* wk = w + k * ldw;
-    for (int j = 0; j < NV * Isa::kW; j += 16) _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchRows * ldw + j), _MM_HINT_T0);
+    for (int j = 0; j < NV * Isa::kW; j += 16)
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchRows * ldw + j), _MM_HINT_T0);
     typename Isa::V wv[NV];
     for (int j = 0; j < NV; ++j)
       wv[j] = (MASKED && j == NV - 1) ? Isa::load(wk + j * Isa::kW, mask) : Isa::load(wk + j * Isa::kW);
@@ -41,7 +45,8 @@ void nn_block(const float* x, int64_t ldx, const float* w, int64_t ldw, const fl
     for (int j = 0; j < NV; ++j) {
       const bool masked = MASKED && j == NV - 1;
       typename Isa::V r = acc[i][j];
-      if (bias != nullptr) r = Isa::add(r, masked ? Isa::load(bias + j * Isa::kW, mask) : Isa::load(bias + j * Isa::kW));
+      if (bias != nullptr)
+        r = Isa::add(r, masked ? Isa::load(bias + j * Isa::kW, mask) : Isa::load(bias + j * Isa::kW));
       if (masked) Isa::store(y + i * ldy + j * Isa::kW, r, mask);
       else Isa::store(y + i * ldy + j * Isa::kW, r);
     }
@@ -82,12 +87,19 @@ using NtFn = void (*)(const float*, int64_t, const float*, int64_t, const float*
 
 template <int MR>
 constexpr NnFn nn_pick(int nv, bool masked) {
-  switch (nv) {
+  switch (std::min(nv, kWideNv)) {
     case 1: return masked ? nn_block<MR, 1, true> : nn_block<MR, 1, false>;
     case 2: return masked ? nn_block<MR, 2, true> : nn_block<MR, 2, false>;
-    case 3: return masked ? nn_block<MR, 3, true> : nn_block<MR, 3, false>;
-    default: return masked ? nn_block<MR, 4, true> : nn_block<MR, 4, false>;
+    case 3: return masked ? nn_block<MR, std::min(3, kWideNv), true> : nn_block<MR, std::min(3, kWideNv), false>;
+    default: return masked ? nn_block<MR, kWideNv, true> : nn_block<MR, kWideNv, false>;
   }
+}
+
+// Only the shapes run_tile asks for: mr <= kWideMr with nv <= kWideNv, mr <= kTallMr with nv <= kTallNv.
+template <int MR>
+constexpr NnFn nn_tall(int nv, bool masked) {
+  if (nv == 1 || kTallNv == 1) return masked ? nn_block<MR, 1, true> : nn_block<MR, 1, false>;
+  return masked ? nn_block<MR, kTallNv, true> : nn_block<MR, kTallNv, false>;
 }
 
 NnFn nn_fn(int mr, int nv, bool masked) {
@@ -96,8 +108,14 @@ NnFn nn_fn(int mr, int nv, bool masked) {
     case 2: return nn_pick<2>(nv, masked);
     case 3: return nn_pick<3>(nv, masked);
     case 4: return nn_pick<4>(nv, masked);
-    case 5: return nn_pick<std::min(5, kMaxMr)>(nv, masked);
-    default: return nn_pick<kMaxMr>(nv, masked);
+    case 5: return nn_pick<5>(nv, masked);
+    case 6: return nn_pick<6>(nv, masked);
+    case 7: return nn_tall<7>(nv, masked);
+    case 8: return nn_tall<8>(nv, masked);
+    case 9: return nn_tall<9>(nv, masked);
+    case 10: return nn_tall<10>(nv, masked);
+    case 11: return nn_tall<11>(nv, masked);
+    default: return nn_tall<12>(nv, masked);
   }
 }
 
@@ -128,16 +146,19 @@ void run_tile(const MatmulArgs& a, const float* x, const float* w, const float* 
     // This tile's W: columns n0.. of the [K, N] matrix (row stride N), or its own contiguous [K, kTile] block.
     const float* wt = a.packed ? w + (n0 / kTile) * K * kTile : w + n0;
     const int64_t ldw = a.packed ? kTile : N;
-    constexpr int64_t kStrip = kMaxNv * Isa::kW;
-    for (int64_t s0 = 0; s0 < nw; s0 += kStrip) {
-      const int64_t sw = std::min(kStrip, nw - s0);
+    const bool wide = M <= kWideMr;
+    const int64_t strip = (wide ? kWideNv : kTallNv) * Isa::kW;
+    const int64_t blocks = wide ? 1 : (M + kTallMr - 1) / kTallMr;  // row blocks of balanced sizes
+    for (int64_t s0 = 0; s0 < nw; s0 += strip) {
+      const int64_t sw = std::min(strip, nw - s0);
       const int nv = static_cast<int>((sw + Isa::kW - 1) / Isa::kW);
       const int last = static_cast<int>(sw - (nv - 1) * Isa::kW);
       const bool masked = last != Isa::kW;
-      for (int64_t m0 = 0; m0 < M; m0 += kMaxMr) {
-        const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, M - m0));
-        nn_fn(mr, nv, masked)(x + m0 * K, K, wt + s0, ldw, bias == nullptr ? nullptr : bias + n0 + s0,
-                              y + m0 * N + n0 + s0, N, K, last);
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t m0 = M * blk / blocks, m1 = M * (blk + 1) / blocks;
+        nn_fn(static_cast<int>(m1 - m0), nv, masked)(x + m0 * K, K, wt + s0, ldw,
+                                                     bias == nullptr ? nullptr : bias + n0 + s0, y + m0 * N + n0 + s0,
+                                                     N, K, last);
       }
     }
   } else {

@@ -1,0 +1,243 @@
+"""The skinny-matmul kernel (bpd/kernels, bpd/matmul.py): against numpy, bitwise independence of the row count,
+inside jit and lax.while_loop, the packed layout, the library's argmax, the settings and their errors, and the
+model's decoding on it (a k-token verification computes the greedy steps' logits bit for bit)."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bpd import decoder as decoder_lib
+from bpd import decoding
+from bpd import matmul
+from bpd import model as model_lib
+from bpd import trees
+from bpd.errors import UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# (K, N): ragged against the AVX-512 / AVX2 widths (16 / 8), the 64-column tile, and smaller than a vector.
+SHAPES = ((33, 77), (64, 130), (16, 5), (256, 64))
+
+
+def _ops(m, k, n, seed):
+  """{name: (fn under use('skinny'), float64 numpy reference)} for every form the model uses, on M = m rows."""
+  rng = np.random.default_rng(seed)
+  f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+  x, w, b, w_nt = f32(m, k), f32(k, n), f32(n), f32(n, k)
+  x_bt, xs, ws, bs = f32(2, m, k), f32(3, m, k), f32(3, k, n), f32(3, n)
+  d = lambda a: a.astype(np.float64)
+  return {
+      'dense': (lambda: matmul.dense(x, w), d(x) @ d(w)),
+      'dense+bias': (lambda: matmul.dense(x, w, b), d(x) @ d(w) + d(b)),
+      'dense, packed': (lambda: matmul.dense(x, w, b, packed=matmul.pack(w)), d(x) @ d(w) + d(b)),
+      'dense, batch axis (B x T rows)': (lambda: matmul.dense(x_bt, w, b), d(x_bt) @ d(w) + d(b)),
+      'dense, one head of a packed stack': (
+          lambda: matmul.dense(x, ws[1], bs[1], packed=matmul.pack(ws), packed_index=1), d(x) @ d(ws[1]) + d(bs[1])),
+      'dense_nt': (lambda: matmul.dense_nt(x, w_nt), d(x) @ d(w_nt).T),
+      'batched': (lambda: matmul.batched(xs, ws, bs), np.einsum('nmk,nkf->nmf', d(xs), d(ws)) + d(bs)[:, None]),
+      'batched, packed': (lambda: matmul.batched(xs, ws, packed=matmul.pack(ws)),
+                          np.einsum('nmk,nkf->nmf', d(xs), d(ws))),
+  }
+
+
+def _run_all(ops, kernel='skinny'):
+  names = list(ops)
+
+  @jax.jit
+  def run():
+    with matmul.use(kernel):
+      return [ops[name][0]() for name in names]
+  return dict(zip(names, (np.asarray(y) for y in run())))
+
+
+@pytest.mark.parametrize('m', [1, 2, 5, 8, 13, 32, 64])
+def test_kernel_matches_numpy(m):
+  for k, n in SHAPES:
+    ops = _ops(m, k, n, seed=m * 1000 + k)
+    for name, y in _run_all(ops).items():
+      ref = ops[name][1]
+      assert y.shape == ref.shape, name
+      np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max(), err_msg=f'{name}, M={m}, {k}x{n}')
+
+
+def test_a_row_does_not_depend_on_how_many_rows_come_with_it():
+  """Each row is summed in one order whatever M is: row i of an M-row product equals, bit for bit, the same row
+  computed alone and within any other row count (so a verification's logits are a greedy step's)."""
+  rng = np.random.default_rng(0)
+  for k, n in ((256, 1024), (33, 77), (1024, 256)):
+    x = rng.standard_normal((64, k)).astype(np.float32)
+    w, w_nt = rng.standard_normal((k, n)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+
+    @jax.jit
+    def run(x):
+      with matmul.use('skinny'):
+        return (matmul.dense(x, w, b), matmul.dense(x, w, b, packed=matmul.pack(w)), matmul.dense_nt(x, w_nt),
+                matmul.batched(jnp.stack([x, 2 * x]), jnp.stack([w, w])))
+    full = [np.asarray(y) for y in run(x)]
+    for m in (1, 2, 3, 4, 7, 8, 9, 12, 13, 16, 31):
+      part = [np.asarray(y) for y in run(x[:m])]
+      for name, y_full, y_part in zip(('dense', 'packed', 'dense_nt', 'batched'), full, part):
+        assert np.array_equal(y_full[..., :m, :], y_part), f'{name}: {k}x{n}, rows 0..{m} differ from M=64'
+    assert np.array_equal(full[0], full[1]), 'the packed layout sums in the same order as the plain one'
+
+
+def test_inside_jit_and_while_loop():
+  rng = np.random.default_rng(1)
+  w = rng.standard_normal((48, 48)).astype(np.float32) / 8
+  x = rng.standard_normal((3, 48)).astype(np.float32)
+
+  def loop(kernel):
+    @jax.jit
+    def run(x, w):
+      with matmul.use(kernel):
+        return jax.lax.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, jnp.tanh(matmul.dense(c[1], w))),
+                                  (0, x))[1]
+    return np.asarray(run(x, w))
+  ref = x.astype(np.float64)
+  for _ in range(5):
+    ref = np.tanh(ref @ w)
+  np.testing.assert_allclose(loop('skinny'), ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(loop('xla'), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_argmax_ties_go_to_the_lower_id_and_nan_wins():
+  rng = np.random.default_rng(2)
+  logits = rng.standard_normal((2, 5, 300)).astype(np.float32)
+  logits[0, 0, [7, 9]] = 50.0  # a tie: 7
+  logits[0, 1, :] = 1.0  # all tied: 0
+  logits[1, 2, [4, 200]] = np.nan  # jnp.argmax's NaN rule: the first NaN
+  logits[1, 3, 299] = 99.0  # the last id
+
+  @jax.jit
+  def run(x):
+    with matmul.use('skinny'):
+      return decoding.argmax(x), decoding.argmax(x[:, 0])
+  rows, first = run(logits)
+  np.testing.assert_array_equal(np.asarray(rows), np.asarray(jnp.argmax(logits, -1)))
+  np.testing.assert_array_equal(np.asarray(first), np.argmax(logits[:, 0], -1))
+  assert np.asarray(rows)[0, 0] == 7 and np.asarray(rows)[1, 2] == 4
+  assert matmul.argmax(logits) is None, 'outside use(skinny) the caller uses XLA'
+
+
+def test_xla_outside_use_and_for_large_m():
+  """Training never enters use('skinny') and more than MAX_ROWS rows go to XLA: no custom call is compiled."""
+  w = np.ones((8, 8), np.float32)
+  plain = jax.jit(lambda x: matmul.dense(x, w)).lower(np.ones((2, 8), np.float32)).as_text()
+  assert 'bpd_skinny_matmul' not in plain
+
+  def big(x):
+    with matmul.use('skinny'):
+      return matmul.dense(x, w)
+  assert 'bpd_skinny_matmul' not in jax.jit(big).lower(np.ones((matmul.MAX_ROWS + 1, 8), np.float32)).as_text()
+  assert 'bpd_skinny_matmul' in jax.jit(big).lower(np.ones((matmul.MAX_ROWS, 8), np.float32)).as_text()
+
+
+class _Mesh:
+  size = 2
+
+
+def test_settings_and_their_errors():
+  assert matmul.resolve('xla') == 'xla'
+  assert matmul.resolve('skinny') == 'skinny'  # this CPU builds it (the CI machine has g++)
+  assert matmul.resolve('auto') == 'skinny'
+  assert matmul.resolve('auto', mesh=_Mesh()) == 'xla'
+  with pytest.raises(UserError, match='one device'):
+    matmul.resolve('skinny', mesh=_Mesh())
+  with pytest.raises(UserError, match=r"matmul_kernel='fast'.*choose one of"):
+    matmul.resolve('fast')
+  with pytest.raises(ValueError, match='resolve'):
+    with matmul.use('auto'):
+      pass
+
+
+def _python(code, **env):
+  return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                        env={**os.environ, **env})
+
+
+def test_without_a_compiler_auto_warns_and_uses_xla_and_skinny_is_an_error(tmp_path):
+  code = ('from bpd import matmul\nfrom bpd.errors import UserError\nprint(matmul.resolve("auto"))\n'
+          'try:\n  matmul.resolve("skinny")\nexcept UserError as e:\n  print("error:", e)\n')
+  done = _python(code, CXX=str(tmp_path / 'no-such-g++'), BPD_KERNEL_CACHE=str(tmp_path / 'cache'))
+  assert done.returncode == 0, done.stderr
+  lines = done.stdout.splitlines()
+  assert lines[0] == 'xla'
+  assert lines[1].startswith('error: config.decode.matmul_kernel=skinny: it could not be built')
+  assert 'use auto' in lines[1]
+  assert done.stderr.count('using XLA') == 1, done.stderr  # one warning line
+
+
+def test_avx2_path_matches_numpy_and_is_independent_of_m():
+  """The narrower instruction set (chosen at run time on CPUs without AVX-512), forced here."""
+  code = '''
+import numpy as np, jax
+from bpd import matmul
+assert matmul.kernel_info().startswith('avx2'), matmul.kernel_info()
+rng = np.random.default_rng(0)
+for k, n in ((33, 77), (256, 130)):
+  x = rng.standard_normal((13, k)).astype(np.float32); w = rng.standard_normal((k, n)).astype(np.float32)
+  def run(x):
+    with matmul.use('skinny'):
+      return matmul.dense(x, w), matmul.dense(x, w, packed=matmul.pack(w)), matmul.dense_nt(x, w.T.copy())
+  full = [np.asarray(y) for y in jax.jit(run)(x)]
+  for y in full:
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+  for m in (1, 5, 8):
+    assert all(np.array_equal(a[:m], np.asarray(b)) for a, b in zip(full, jax.jit(run)(x[:m])))
+print('ok')
+'''
+  done = _python(code, BPD_SKINNY_ISA='avx2')
+  assert done.returncode == 0 and done.stdout.strip().endswith('ok'), done.stderr[-2000:]
+
+
+@pytest.fixture(scope='module')
+def tiny_model():
+  c = model_lib.model_config('tiny', vocab_size=97, k=4, dropout_rate=0.0)
+  return model_lib.Transformer(c), model_lib.init_params(c, jax.random.PRNGKey(3))
+
+
+def test_verification_logits_are_greedy_steps_logits_bit_for_bit(tiny_model):
+  """score() on T tokens at once equals T one-token calls, bitwise, on the kernel (matmuls and attention alike):
+  blockwise exact decoding is greedy decoding with no floating-point caveat on CPU."""
+  model, params = tiny_model
+  packed = jax.jit(model_lib.packed_weights)(params)
+  src = np.random.default_rng(4).integers(4, 97, (2, 9)).astype(np.int32)
+  tokens = np.random.default_rng(5).integers(4, 97, (2, 6)).astype(np.int32)
+
+  @jax.jit
+  def run(params, packed):
+    with matmul.use('skinny'):
+      init_state, score_fn, _ = model_lib.decode_fns(model, params, packed=packed)
+      state = init_state(src, 16)
+      block, _, _ = score_fn(state, tokens, jnp.array([0, 0]))
+      steps = []
+      for t in range(tokens.shape[1]):
+        logits, _, state = score_fn(state, tokens[:, t:t + 1], jnp.array([t, t]))
+        steps.append(logits[:, 0])
+      return block, jnp.stack(steps, 1)
+  block, steps = run(params, packed)
+  assert np.array_equal(np.asarray(block), np.asarray(steps))
+  lowered = jax.jit(run).lower(params, packed).as_text()
+  # every weight matmul of the decoder read its packed copy: per layer q, k, v, out (self), q, out (cross), wi, wo
+  assert lowered.count('packed = 1') >= 8 * model.config.num_decoder_layers
+
+
+def test_decoder_on_the_kernel_decodes_exactly(tiny_model):
+  """Decoder(matmul_kernel='skinny'): exact blockwise (chain and a context-aware tree) equals its greedy, and the
+  packed weights are those of the parameters passed (made again for new parameters)."""
+  model, params = tiny_model
+  decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1)
+  assert decoder.matmul_kernel == 'skinny'
+  src = np.random.default_rng(6).integers(4, 97, (3, 7)).astype(np.int32)
+  for p in (params, jax.tree.map(lambda a: a * 1.01, params)):
+    greedy = decoder.greedy(p, src)
+    for tree in (decoder_lib.chain(4), trees.parse_tree_spec("dynamic:6", 4, vocab_size=97)):
+      out = decoder.blockwise(p, src, decoding.EXACT, tree)
+      np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL))
+  xla = decoder_lib.Decoder(model, max_len=12, matmul_kernel='xla', eos_id=-1)
+  assert xla.matmul_kernel == 'xla' and xla._packed(params) is None  # pylint: disable=protected-access
