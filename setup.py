@@ -7,6 +7,8 @@ setuptools.setup(
     version="0.1.0",
     description="Blockwise parallel decoding (Stern, Shazeer, Uszkoreit 2018) in JAX/Flax.",
     packages=setuptools.find_packages(include=["bpd", "bpd.*", "configs", "experiments"]),
+    # The skinny-matmul kernel's C++ sources: built on first use with the system's compiler (bpd/kernels/build.py).
+    package_data={"bpd.kernels": ["*.cc", "*.h"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.6.0",  # jax.sharding.AxisType

@@ -222,8 +222,10 @@ if __name__ == '__main__':
   # profile
   _RUNS = flags.DEFINE_integer('runs', 5, 'profile: profiled runs of each loop (after one untimed warm-up).')
   _TOP = flags.DEFINE_integer('top', 12, 'profile: kernels listed per program.')
-  _PROFILE_TREES = flags.DEFINE_list('trees', [], "profile: also each of these trees at every k, e.g. 'dynamic:16' "
-                                     '(exact rule; trip count = its iterations), with the config\'s head type.')
+  _PROFILE_TREES = flags.DEFINE_list('trees', [], "profile, ratio, latency: also each of these trees at every k, e.g. "
+                                     "'dynamic:16' (exact rule; trip count = its iterations), with the config's head "
+                                     'type (ratio: its iteration timed against greedy, alternating, in a table of its '
+                                     'own).')
   _MARKDOWN = flags.DEFINE_string('markdown', None, 'profile: write the tables here too.')
   _REDUCE = flags.DEFINE_enum('reduce', 'sum', ['sum', 'median'], "profile: a kernel's time: the sum of its runs, or "
                               'its median run times its runs (robust to preemptions on a loaded machine).')
@@ -582,9 +584,42 @@ def run_ratio(config):
   if chip_devices:
     title += '\n' + tpu_title(chip_devices, tpu_configs)
   print(format_table(records, title, tpu_chips=list(chip_devices), tpu_sizes=tpu_sizes))
+  if _PROFILE_TREES.value:
+    records += tree_ratios(model, params, k_values, [int(b) for b in _BATCH_SIZES.value], _PROFILE_TREES.value, kernel)
   if _JSON.value:
     with open(_JSON.value, 'w') as f:
       json.dump(records, f, indent=1)
+
+
+def tree_ratios(model, params, k_values, batch_sizes, tree_specs, kernel) -> list[dict]:
+  """--mode=ratio --trees: each tree's exact-rule iteration against a greedy step, both the real loops
+  (loop_programs), timed alternately; prints a table and returns its rows."""
+  cache_len = _MAX_LEN.value + max([int(k) for k in k_values] + [
+      trees.parse_tree_spec(spec, max(k_values), vocab_size=model.config.vocab_size).num_nodes
+      for spec in tree_specs]) + 1
+  encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p)[0](s, cache_len))
+  rows = []
+  rng = np.random.RandomState(0)
+  for batch in batch_sizes:
+    src = jnp.asarray(rng.randint(4, model.config.vocab_size, size=(batch, _SRC_LEN.value)), jnp.int32)
+    programs = loop_programs(model, params, jax.block_until_ready(encode(params, src)), k_values, _MAX_LEN.value,
+                             tree_specs, kernel)
+    greedy_fn, greedy_args, _, _ = programs['greedy']
+    for name, (fn, args, kwargs, iterations) in programs.items():
+      if name == 'greedy' or name.startswith('blockwise'):
+        continue
+      g, t = timing.time_alternating([lambda: greedy_fn(*greedy_args), lambda: fn(*args, **kwargs)],
+                                     _REPEATS.value, f'tree ratio {name} batch={batch}')
+      step = g / _MAX_LEN.value
+      iteration = (t - step) / iterations  # the first call only proposes
+      rows.append({'tree': name, 'batch_size': batch, 'greedy_step_s': step, 'tree_step_s': iteration,
+                   'tree_ratio': iteration / step, 'iterations': iterations})
+  columns = [('tree', 'tree', '{}'), ('batch_size', 'batch', '{}'),
+             (None, 'greedy step (ms)', lambda r: f"{1e3 * r['greedy_step_s']:.2f}"),
+             (None, 'tree iteration (ms)', lambda r: f"{1e3 * r['tree_step_s']:.2f}"),
+             ('tree_ratio', 'ratio', '{:.2f}'), ('iterations', 'iterations per run', '{}')]
+  print(report.markdown_table(rows, columns))
+  return rows
 
 
 # -- --mode=profile: per-kernel time of a greedy step and an iteration -------------------------------------------------
@@ -1002,6 +1037,10 @@ def run_fixed_cost(config):
 
 
 def run_latency(config):
+  """Every decoder of a trained model, each sentence alone at batch 1, on XLA's matmuls and on the skinny kernel,
+  all alternating sentence by sentence: greedy on each setting, and blockwise (the chain of --k, and each of
+  --trees at k' = --k) on each. The speedups are against greedy on the same setting and against the faster
+  greedy, so that no speedup comes from slowing greedy down."""
   workdir = _WORKDIR.value
   task = tasks.for_config(config)
   criterion = decoding.parse_criterion(_CRITERION.value)
@@ -1009,40 +1048,74 @@ def run_latency(config):
                                                                            sharding.make_mesh(1))
   if not 1 < _K.value <= model_config.k:
     raise UserError(f'--k={_K.value}: choose 2..{model_config.k} (the heads of the model in {workdir}).')
+  kernels = [k for k in ('xla', 'skinny') if k == 'xla' or matmul.resolve('auto') == 'skinny']
+  decoders = {kernel: decoder_lib.Decoder(decoder.model, decoder.max_len, None, decoder.eos_id, matmul_kernel=kernel)
+              for kernel in kernels}
+  shapes = [('chain', decoder_lib.chain(_K.value))] + [
+      (spec, trees.parse_tree_spec(spec, _K.value, workdir, vocab_size=model_config.vocab_size))
+      for spec in _PROFILE_TREES.value]
   src_ids = task.decode_examples(config, _SPLIT.value or config.decode.splits[0], tokenizer)[0][:_EXAMPLES.value]
   batches = [src for _, src in batching.eval_batches(src_ids, None, 1, decoder_lib.source_buckets(src_ids))]
 
-  def greedy(src_1xS):
-    return int(jax.device_get(decoder.greedy(params, src_1xS).length_B)[0])  # tokens = greedy steps
+  def greedy(d):
+    def run(src_1xS):
+      out = jax.device_get(d.greedy(params, src_1xS))
+      return int(out.length_B[0]), out.tokens_BxL[0]  # tokens = greedy steps
+    return run
 
-  def blockwise(src_1xS):
-    result = decoder.blockwise(params, src_1xS, criterion, decoder_lib.chain(_K.value))
-    return int(jax.device_get(result.iterations_B)[0])
+  def blockwise(d, tree):
+    def run(src_1xS):
+      out = jax.device_get(d.blockwise(params, src_1xS, criterion, tree))
+      return int(out.iterations_B[0]), out.tokens_BxL[0]
+    return run
 
+  programs = {}
+  for kernel, d in decoders.items():
+    programs[f'greedy, {kernel}'] = greedy(d)
+    for name, tree in shapes:
+      programs[f'{name}, {kernel}'] = blockwise(d, tree)
   # Compile and warm up on every padded source length that is timed (run_batches pads each sentence to its own
   # multiple of 8, decoder.source_buckets), then time with no compile allowed.
   for src in list({src.shape[1]: src for src in batches}.values()) + batches[:3]:
-    greedy(src), blockwise(src)
-  rows = {'greedy': [], 'blockwise': []}
+    for fn in programs.values():
+      fn(src)
+  rows = {name: [] for name in programs}
+  same = {name: 0 for name in programs}
   with timing.no_compiles('bench_decode --mode=latency'):
     for _ in range(_REPEATS.value):
       for src in batches:
-        for name, fn in (('greedy', greedy), ('blockwise', blockwise)):
+        reference = {}
+        for name, fn in programs.items():
           start = time.perf_counter()
-          steps = fn(src)
+          steps, tokens = fn(src)
           rows[name].append((steps, time.perf_counter() - start))
-  print(f'{len(batches)} sentences x {_REPEATS.value} passes, batch 1, k = {_K.value}, {_CRITERION.value}')
+          kernel = name.split(', ')[1]
+          reference.setdefault(kernel, tokens)  # greedy on the same setting comes first
+          same[name] += int(np.array_equal(tokens, reference[kernel]))
+  print(f'{len(batches)} sentences x {_REPEATS.value} passes, batch 1, k = {_K.value}, {_CRITERION.value}; '
+        f'matmuls: {", ".join(kernels)} ({matmul.kernel_info()}); alternating sentence by sentence')
+  seconds_of = {name: np.array([t for _, t in column]) for name, column in rows.items()}
+  fastest_greedy = min(seconds_of[f'greedy, {kernel}'].sum() for kernel in kernels)
   table = []
-  for name, label in (('greedy', 'greedy (step = token)'), ('blockwise', 'blockwise (step = iteration)')):
-    steps, seconds = (np.array(column, dtype=np.float64) for column in zip(*rows[name]))
+  for name, column in rows.items():
+    steps, seconds = (np.array(c, dtype=np.float64) for c in zip(*column))
     fixed, per_step = fit(steps, seconds)
-    table.append({'decoder': label, 'ms': seconds.mean() * 1e3, 'steps': steps.mean(), 'fixed_ms': fixed * 1e3,
-                  'step_ms': per_step * 1e3})
-  print(report.markdown_table(table, [('decoder', 'decoder', '{}'), ('ms', 'ms per sentence', '{:.2f}'),
-                                      ('steps', 'steps per sentence', '{:.2f}'),
-                                      ('fixed_ms', 'fixed ms per sentence', '{:.3f}'), ('step_ms', 'ms per step',
-                                                                                          '{:.3f}')]))
-  print(f'iteration / greedy step inside the loop: {table[1]["step_ms"] / table[0]["step_ms"]:.2f}')
+    kernel = name.split(', ')[1]
+    table.append({'decoder': name, 'ms': seconds.mean() * 1e3, 'steps': steps.mean(), 'fixed_ms': fixed * 1e3,
+                  'step_ms': per_step * 1e3, 'fixed_share': fixed / seconds.mean(),
+                  'speedup_same': seconds_of[f'greedy, {kernel}'].sum() / seconds.sum(),
+                  'speedup_fastest': fastest_greedy / seconds.sum(),
+                  'identical': same[name] / len(column)})
+  print(report.markdown_table(table, [
+      ('decoder', 'decoder, matmuls', '{}'), ('ms', 'ms per sentence', '{:.2f}'),
+      ('steps', 'steps per sentence', '{:.2f}'), ('fixed_ms', 'fixed ms per sentence', '{:.3f}'),
+      ('fixed_share', 'fixed share', '{:.0%}'), ('step_ms', 'ms per step', '{:.3f}'),
+      ('speedup_same', 'speedup vs greedy, same matmuls', '{:.2f}x'),
+      ('speedup_fastest', 'speedup vs the fastest greedy', '{:.2f}x'), ('identical', 'identical to greedy', '{:.3f}')]))
+  for kernel in kernels:
+    greedy_step = next(r['step_ms'] for r in table if r['decoder'] == f'greedy, {kernel}')
+    chain_step = next(r['step_ms'] for r in table if r['decoder'] == f'chain, {kernel}')
+    print(f'{kernel}: iteration / greedy step inside the loop: {chain_step / greedy_step:.2f}')
 
 
 # -- --mode=trees: tree decoding against the chain ---------------------------------------------------------------------
