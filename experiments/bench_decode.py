@@ -896,12 +896,14 @@ def load_model(config, workdir, k, mesh):
   return model, params
 
 
-def fixed_cost_programs(model, params, mesh, k, lengths, sources):
-  """{name: fn() -> host result} for every part; sources: {variant: src_1xS}, each decoded at every L."""
+def fixed_cost_programs(model, params, mesh, k, lengths, sources, matmul_kernel='auto'):
+  """{name: fn() -> host result} for every part; sources: {variant: src_1xS}, each decoded at every L; the
+  decoders on config.decode.matmul_kernel."""
   longest = max(lengths)
   criterion, chain = decoding.Criterion(min_block=k), decoder_lib.chain(k)
   out = {}
-  decoders = {length: decoder_lib.Decoder(model, length, mesh, eos_id=NEVER) for length in lengths}
+  decoders = {length: decoder_lib.Decoder(model, length, mesh, eos_id=NEVER, matmul_kernel=matmul_kernel)
+              for length in lengths}
   base = decoders[longest]
   noop = jax.jit(lambda params, src_BxS: src_BxS[0, 0])
   put = base._put  # pylint: disable=protected-access
@@ -910,9 +912,12 @@ def fixed_cost_programs(model, params, mesh, k, lengths, sources):
   if mesh is not None:  # how Decoder put the host batch on a mesh before (a sharded array built first)
     out['dispatch, sharded batch'] = lambda: jax.device_get(noop(params, sharding.shard_global_batch(src_1xS, mesh)))
   cache = decoder_lib.cache_len(longest, k)
-  init = jax.jit(lambda params, src_BxS: model_lib.decode_fns(model, params, num_heads=1)[0](src_BxS, cache))
+  # The encoder alone, on the decoders' matmuls (the skinny kernel reads the packed weights, Decoder._packed).
+  init = jax.jit(matmul.traced(lambda params, packed, src_BxS: model_lib.decode_fns(
+      model, params, num_heads=1, packed=packed)[0](src_BxS, cache), base.matmul_kernel))
+  packed = base._packed(params)  # pylint: disable=protected-access
   for variant, src in sources.items():
-    out[f'encoder{variant}'] = lambda src=src: jax.block_until_ready(init(params, put(src)))
+    out[f'encoder{variant}'] = lambda src=src: jax.block_until_ready(init(params, packed, put(src)))
   for variant, src in sources.items():
     for length, decoder in decoders.items():
       out[f'greedy L={length}{variant}'] = lambda d=decoder, s=src: jax.device_get(d.greedy(params, s))
@@ -991,7 +996,7 @@ def run_fixed_cost(config):
   sources = {'': padded(src_len)}
   if _BEFORE_PAD_TO.value:
     sources[BEFORE] = padded(_BEFORE_PAD_TO.value)
-  fns = fixed_cost_programs(model, params, mesh, k, lengths, sources)
+  fns = fixed_cost_programs(model, params, mesh, k, lengths, sources, config.decode.matmul_kernel)
   names = list(fns)
   reduce = lambda t: float(np.percentile(t, _PERCENTILE.value))
   seconds = dict(zip(names, timing.time_alternating([fns[n] for n in names], _REPEATS.value, 'fixed_cost', reduce)))
@@ -1000,7 +1005,8 @@ def run_fixed_cost(config):
         f'{model.config.num_encoder_layers}+{model.config.num_decoder_layers} layers, vocab {model.config.vocab_size}; '
         f'batch 1, source {_SRC_LEN.value} tokens padded to {src_len}'
         + (f' (before: {_BEFORE_PAD_TO.value})' if _BEFORE_PAD_TO.value else '') +
-        f', k = {k}, {_REPEATS.value} alternating runs, percentile {_PERCENTILE.value} of each, mesh={_MESH.value}')
+        f', k = {k}, {_REPEATS.value} alternating runs, percentile {_PERCENTILE.value} of each, mesh={_MESH.value}, '
+        f'matmuls: {matmul.resolve(config.decode.matmul_kernel, mesh)}')
   print(report.markdown_table(
       [{'program': name, 'ms': ms[name] / (BATCHING_SENTENCES if name == 'batching' else 1)} for name in names],
       [('program', 'program', '{}'), ('ms', f'ms (percentile {_PERCENTILE.value})', '{:.3f}')]))
