@@ -759,6 +759,11 @@ def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None):
   cost-analyse exactly one iteration."""
   depth, ends_early = tree.depth, rule.ends_early(tree)
   is_chain = isinstance(tree, Layout) and tree.is_chain
+  # A tree of N nodes is at most N deep, so no accepted path is longer than P = min(N, D). The move writes P slots
+  # from start, within the N that the verification call wrote: a cache of max_len + N + 1 slots holds them even
+  # where N < D (a small `dynamic:N`). Moving D slots there would run past its end, and a clamped write would
+  # overwrite the accepted prefix (layers.write_rows).
+  moved = min(tree.num_nodes, depth)
 
   def body(s: LoopState):
     B = s.rows.length_B.shape[0]
@@ -779,8 +784,8 @@ def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None):
       block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
     # Accept: cut at the first EOS inside the block and at max_len.
     rows, k_hat_B = accept_block(s.rows, block_BxD, k_hat_B, fixed=fixed)
-    if not is_chain:  # the accepted path's keys and values to slots start .. start + D - 1 (past k̂: stale)
-      model_state = fns.move(model_state, start_B, path_BxD)
+    if not is_chain:  # the accepted path's keys and values to slots start .. start + P - 1 (past k̂: stale)
+      model_state = fns.move(model_state, start_B, path_BxD[:, :moved])
     # Combined scoring and proposal (paper §4): the outputs at the last accepted node draft the next tree.
     nodes_BxN, row_tree_, memo = _draft(rule, tree, target, take_rows(hidden, last_B), fns, depth,
                                         block_keys(row_keys_B, rows.length_B + 1))
@@ -797,7 +802,8 @@ def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=
   tree: a Layout (`layout(check_tree(paths, k))`; the paper's chain is layout(chain_tree(k))) or a Dynamic policy;
   rule: a Criterion (greedy acceptance) or another rule (speculative.Sampling); key: a jax.random key for rules
   that draw (row b uses fold_in(key, b)). One model invocation per iteration plus one at the start; each row
-  accepts its own k̂. The state needs a cache of at least max_len + N + 1 slots (decoder.cache_len).
+  accepts its own k̂. The state needs a cache of at least max_len + N + 1 slots (decoder.cache_len): a call writes
+  N slots from start <= max_len + 1, and the move min(N, D) (`blockwise_body`).
   """
   rule.check(tree)
   if rule.draws and key is None:

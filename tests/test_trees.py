@@ -277,6 +277,34 @@ def test_dynamic_trees_differ_per_row_and_accept_more_than_a_static_tree_of_the_
   assert decoding.summarize(dynamic)['mean_accepted_block_size'] > decoding.summarize(static)['mean_accepted_block_size']
 
 
+@pytest.mark.parametrize('tree, vocab, max_len', [(decoding.Dynamic(1, 5), 9, 7), (decoding.Dynamic(3, 8), 16, 12),
+                                                   (decoding.Dynamic(2, 4, beam=2, ranks=2), 16, 9)])
+def test_dynamic_trees_of_fewer_nodes_than_heads_stay_inside_the_cache(tree, vocab, max_len):
+  """N < depth, rows running to max_len: the verification call writes N slots and the move min(N, D), inside the
+  cache of max_len + N + 1 slots (the stub raises on a write past its end). The smallest case: dynamic:1, k' = 5,
+  V = 9, max_len = 7, batch 1; once a row was within depth - N tokens of max_len, a move of D slots ran past the
+  end, and a clamped one overwrote the prefix."""
+  for accuracy in (0.5, 1.0):
+    stub = Stub(vocab_size=vocab, k=tree.depth, head_accuracy=accuracy, runner_up_accuracy=0.5)
+    for seed_B in ([0], [1, 2, 3, 4]):
+      eos_at_B = np.full(len(seed_B), 100)
+      result = run(stub, seed_B, eos_at_B, max_len, tree)
+      np.testing.assert_array_equal(np.asarray(result.tokens_BxL), stub.reference_greedy(seed_B, eos_at_B, max_len))
+
+
+def test_the_stub_refuses_a_cache_write_past_its_end():
+  """The guard the tests above rely on: a write of T slots from start with start + T > L raises, as a move of D
+  slots did with dynamic:1 at k' = 5; the last slots themselves can be written."""
+  stub = Stub(vocab_size=9, k=5)
+  state = stub.init_state(jnp.asarray([0]), jnp.asarray([100]), 9)
+  tokens_Bx4 = jnp.full((1, 4), 5, jnp.int32)
+  jax.block_until_ready(jax.jit(stub.score_fn)(state, tokens_Bx4, jnp.asarray([5])))
+  with pytest.raises(Exception, match='cache write past the end'):
+    jax.block_until_ready(jax.jit(stub.score_fn)(state, tokens_Bx4, jnp.asarray([6])))
+  with pytest.raises(Exception, match='cache write past the end'):
+    jax.block_until_ready(jax.jit(stub.move_fn)(state, jnp.asarray([3]), jnp.zeros((1, 7), jnp.int32)))
+
+
 def test_a_second_root_may_go_deeper_than_an_ending_next_token():
   """The last-token rule: with several roots under top_k:2 the row is not decided by head 1's next token alone, so
   no iteration is skipped when that token ends the row. The smallest case: tree ((0,), (1,), (0, 0), (1, 0)), k = 2,
@@ -395,6 +423,36 @@ def test_exact_tree_equals_greedy_on_the_real_model(toy_model, tree, batch, max_
   result = _real_decode(params, src, model=model, tree=tree, max_len=max_len)
   np.testing.assert_array_equal(np.asarray(result.tokens_BxL), np.asarray(greedy_tokens))
   np.testing.assert_array_equal(np.asarray(result.length_B), np.asarray(greedy_length))
+
+
+def _untrained_model(k, head_type):
+  """(model, params): a tiny untrained model with k heads whose decoder layers' outputs are scaled up, so that
+  its greedy output changes along a row (at init the input token dominates and a random model repeats it)."""
+  config = model_lib.model_config('tiny', vocab_size=40, k=k, dropout_rate=0.0, d_model=32, d_ff=64,
+                                  head_type=head_type)
+  params = dict(jax.jit(model_lib.init_params, static_argnums=0)(config, jax.random.PRNGKey(0)))
+  for name in ('decoder_layers_0', 'decoder_layers_1'):
+    layer = params[name]
+    scaled = lambda sub, inner, layer=layer: dict(layer[sub], **{inner: dict(layer[sub][inner],
+                                                                              kernel=layer[sub][inner]['kernel'] * 10)})
+    params[name] = dict(layer, self_attn=scaled('self_attn', 'out'), cross_attn=scaled('cross_attn', 'out'),
+                        ff=scaled('ff', 'wo'))
+  return model_lib.Transformer(config), params
+
+
+@pytest.mark.parametrize('head_type', ['independent', 'sequential'])
+def test_small_dynamic_trees_near_max_len_equal_greedy_on_the_real_model(head_type):
+  """dynamic:N with N < depth (k' = 8): the cache holds max_len + N + 1 slots, and rows run through every length
+  up to max_len (an untrained model seldom says EOS; dynamic:1 accepts one token per iteration). The accepted path
+  is moved into min(N, D) slots, not D, which would run past the cache's end there and overwrite the prefix."""
+  model, params = _untrained_model(8, head_type)
+  src = jnp.asarray(toy_batch(np.random.RandomState(3), 4)[0])
+  fixed = decoding.Fixed(batch_size=4, max_len=12, bos_id=TOY_BOS, eos_id=TOY_EOS)
+  for tree in (decoding.Dynamic(1, 8), decoding.Dynamic(3, 8, beam=2, ranks=2)):
+    (greedy_tokens, greedy_length, _), block = reference.greedy_and_blockwise(params, src, model=model, tree=tree,
+                                                                              fixed=fixed)
+    assert (np.asarray(greedy_length) >= 9).any()  # some rows pass the lengths where a move of D slots overran
+    np.testing.assert_array_equal(np.asarray(block.tokens_BxL), np.asarray(greedy_tokens), err_msg=str(tree))
 
 
 # -- choosing a tree (bpd/trees.py) and the sweep's tree specs -----------------------------------------------
