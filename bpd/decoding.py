@@ -124,10 +124,16 @@ class Criterion:
       raise UserError(f'min_block={self.min_block} forces the path {(0,) * self.min_block} of rank-0 choices (the '
                       f'chain\'s first proposals), which the tree {tree.paths} lacks: {what}.')
 
+  @property
+  def exact_in_effect(self) -> bool:
+    """The check accepts what exact accepts: top_k:1 and distance:0 are exact (accept_mask)."""
+    return {'exact': True, 'top_k': self.top_k == 1, 'distance': self.eps == 0}[self.kind]
+
   def ends_early(self, tree) -> bool:
-    # With several roots, a check looser than exact may pass another root whose path goes deeper than the next
-    # token alone: the row is then not decided by that token, and an iteration must run.
-    return isinstance(tree, Dynamic) or len(tree.roots) == 1 or self.kind == 'exact'
+    # DESIGN §3, the last-token rule: with several roots, a check looser than exact (top_k:T >= 2, distance:EPS >= 1)
+    # may pass another root whose path goes deeper than the next token alone: the row is then not decided by that
+    # token, and an iteration must run. min_block changes nothing here: a forced block is cut at EOS and max_len.
+    return isinstance(tree, Dynamic) or len(tree.roots) == 1 or self.exact_in_effect
 
   def target(self, logits_BxV):
     return {'logits_BxV': logits_BxV, 'best_B': argmax(logits_BxV)}
@@ -446,8 +452,10 @@ class Layout:
 
   @property
   def is_chain(self) -> bool:
-    """One node per depth: decoded without a tree mask or a cache move (module comment)."""
-    return self.num_nodes == self.depth
+    """The paper's chain: one node per depth, each its head's first choice (rank 0). Decoded without a tree mask or
+    a cache move (module comment), and drafted from the heads' argmax. A one-path tree with another rank, such as
+    ((0,), (0, 1)), is decoded as a tree: its node asks for head 2's second choice."""
+    return self.num_nodes == self.depth and not self.rank_N.any()
 
   @property
   def roots(self) -> np.ndarray:

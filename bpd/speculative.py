@@ -93,8 +93,8 @@ class Sampling:
                       'speculative sampling drafts independent samples: use a chain or a static tree with it.')
     check_sampling_tree(tree.paths, tree.depth)
     if self.verify == 'block' and not tree.is_chain:
-      raise UserError(f'{self} verifies a chain; the tree {tree.paths} has several nodes at one depth. Use '
-                      f'{CRITERION!r} for trees (recursive rejection), or decode the chain.')
+      raise UserError(f'{self} verifies a chain (the paths (0,), (0, 0), ..., one draft per depth); {tree.paths} '
+                      f'is not one. Use {CRITERION!r} for trees (recursive rejection), or decode the chain.')
 
   def ends_early(self, tree) -> bool:
     return True  # the free token is a sample of the next token: where it ends the row it is the row's end

@@ -328,6 +328,49 @@ def test_a_second_root_may_go_deeper_than_an_ending_next_token():
     assert (np.asarray(result.first_call_B) == 1).all()
 
 
+@pytest.mark.parametrize('spec', ['exact', 'top_k:2', 'distance:2'])
+def test_a_one_path_tree_off_the_rank_zero_path_is_decoded_as_a_tree(spec):
+  """((0,), (0, 1)) has one node per depth, but its node asks for head 2's second choice: it is not the chain, and
+  is verified and accepted as a tree (before, the chain's fast path drafted head 2's first choice: under exact the
+  tokens stayed right and the iteration counts did not, under top_k and distance the tokens differed). The smallest
+  case, k = 2, max_len 3, against the documented rule (reference.reference_blockwise). Users reach it:
+  trees.sparse_tree returns it for agreement where head 2's second choice is the more often right."""
+  paths = ((0,), (0, 1))
+  assert trees.sparse_tree([[1, .5], [.2, .6]], 2) == paths
+  assert not decoding.layout(paths).is_chain and decoding.layout(decoding.chain_tree(2)).is_chain
+  stub = Stub(vocab_size=16, k=2, head_accuracy=0.3, runner_up_accuracy=0.9)
+  criterion = decoding.parse_criterion(spec)
+  seed_B = np.random.RandomState(5).randint(0, 2**31, size=16)
+  eos_at_B = np.full(16, 100)
+  result = run(stub, seed_B, eos_at_B, 3, paths, criterion)
+  two = 0
+  for b in range(16):
+    tokens, iterations = reference.reference_blockwise(stub, int(seed_B[b]), int(eos_at_B[b]), 3, paths, criterion)
+    assert list(np.asarray(result.tokens_BxL[b])[:int(result.length_B[b])]) == tokens, b
+    assert int(result.iterations_B[b]) == iterations, b
+    two += iterations == 1  # 3 tokens in one iteration: head 2's second choice was accepted
+  assert 0 < two < 16
+  with pytest.raises(UserError, match='lacks'):  # min_block forces the rank-0 path, which this tree lacks
+    run(stub, seed_B, eos_at_B, 3, paths, decoding.parse_criterion('min_block:2'))
+
+
+@pytest.mark.parametrize('spec, iterations', [('exact', 0), ('top_k:1', 0), ('distance:0', 0), ('top_k:4', 1)])
+def test_checks_exact_in_effect_end_a_row_without_an_iteration_with_several_roots(spec, iterations):
+  """The last-token rule's exception for several roots (DESIGN §3) is for checks looser than exact: top_k:1 and
+  distance:0 accept what exact accepts, so a row whose next token ends it needs no iteration, as under exact. The
+  smallest case: tree ((0,), (3,)), max_len 1: the first call produces the row (first_call 1, no iteration); under
+  top_k:4 the root of rank 3 could pass, and the iteration runs."""
+  stub = Stub(vocab_size=16, k=2)
+  criterion = decoding.parse_criterion(spec)
+  seed_B, eos_at_B = np.arange(4), np.full(4, 100)
+  result = run(stub, seed_B, eos_at_B, 1, ((0,), (3,)), criterion)
+  assert np.asarray(result.iterations_B).tolist() == [iterations] * 4
+  assert np.asarray(result.first_call_B).tolist() == [1 - iterations] * 4
+  for b in range(4):
+    tokens, expected = reference.reference_blockwise(stub, int(seed_B[b]), 100, 1, ((0,), (3,)), criterion)
+    assert expected == iterations and list(np.asarray(result.tokens_BxL[b])) == tokens
+
+
 # -- other criteria against an uncached reference ----------------------------------------------------------
 
 @pytest.mark.parametrize('spec', ['exact', 'top_k:2', 'distance:2', 'top_k:2+min_block:2', 'min_block:3'])
