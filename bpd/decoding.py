@@ -106,6 +106,15 @@ class Criterion:
   eps: int = flax.struct.field(pytree_node=False, default=0)
   min_block: int = flax.struct.field(pytree_node=False, default=1)
 
+  def __post_init__(self):
+    # A typed rule checks its own fields, as parse_criterion checks the command line's words.
+    if self.kind not in ('exact', 'top_k', 'distance'):
+      raise UserError(f'Criterion(kind={self.kind!r}): the kind is exact, top_k or distance; {CRITERION_HELP}.')
+    if int(self.top_k) != self.top_k or self.top_k < 1 or int(self.eps) != self.eps or self.eps < 0 or (
+        int(self.min_block) != self.min_block or self.min_block < 1):
+      raise UserError(f'Criterion(top_k={self.top_k}, eps={self.eps}, min_block={self.min_block}): top_k and '
+                      f'min_block are integers >= 1, eps an integer >= 0; {CRITERION_HELP}.')
+
   def __str__(self):
     name = {'exact': 'exact', 'top_k': f'top_k:{self.top_k}', 'distance': f'distance:{self.eps}'}[self.kind]
     if self.min_block == 1:

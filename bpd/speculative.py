@@ -84,6 +84,14 @@ class Sampling:
   verify: str = flax.struct.field(pytree_node=False, default='token')
   draws = True  # the loop hands it a PRNG key per block
 
+  def __post_init__(self):
+    # A typed rule checks its own static fields, so that a rule built in Python fails as the command line does
+    # (parse_rule), instead of quietly running token verification. The temperature is a leaf (maybe traced).
+    if self.verify not in VERIFICATIONS:
+      raise UserError(f'Sampling(verify={self.verify!r}): verification is one of {VERIFICATIONS} (token: token by '
+                      'token, recursive rejection on trees; block: the chain\'s drafts jointly).')
+    check_truncation(self.top_k, self.top_p)
+
   def __str__(self):
     return CRITERION if self.verify == 'token' else f'{CRITERION}:{self.verify}'
 

@@ -14,6 +14,7 @@ import pytest
 from bpd import checks
 from bpd import decoding
 from bpd import model as model_lib
+from bpd import speculative
 from bpd import trees
 from bpd.errors import UserError
 from tests.conftest import BOS as TOY_BOS, EOS as TOY_EOS, SRC_LEN, toy_batch
@@ -550,3 +551,51 @@ def test_trees_without_a_k_of_two_and_repeated_ks_are_refused_before_compiling(t
     checks.check_decode(common.override(config, **{'decode.ks': (2, 3, 2)}), str(tmp_path), model_config)
   chains_only = common.override(config, **{'decode.trees': ('chain',)})
   assert {s.spec for s in checks.check_decode(chains_only, str(tmp_path), model_config)} == {'chain'}
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'decode.trees': ('dynamic:0',)}, 'N must be at least 1'),
+    ({'decode.trees': ('dynamic:-1',)}, 'N must be at least 1'),
+    ({'decode.trees': ('dynamic:x',)}, "Tree spec 'dynamic:x': a tree spec is"),
+    ({'decode.trees': ('dynamic:5000',)}, 'N must be between 1 and'),
+    ({'decode.trees': ('dynamic:20',), 'decode.ks': (2,)}, "cannot be built at any k' of config.decode.ks=\\(2,\\)"),
+    ({'model.draft_vocab': 24}, 'draft_vocab=24'),
+    ({'model.draft_vocab': -1}, 'draft_vocab=-1'),
+    ({'decode.trees': ('comb:2',), 'decode.criteria': ('speculative:block',), 'decode.temperature': 1.0},
+     "names 'comb:2', but no criterion .* verifies a chain"),
+    ({'decode.trees': ('dynamic:8',), 'decode.criteria': ('speculative',), 'decode.temperature': 1.0},
+     "names 'dynamic:8', but no criterion"),
+    ({'decode.trees': ('comb:2',), 'decode.criteria': ('min_block:2',), 'decode.ks': (3,)}, None),  # it runs
+])
+def test_new_settings_refuse_bad_values_before_compiling(overrides, message, tmp_path):
+  """What a new user might try (docs/results/reliability.md, "New settings"): each a UserError from the sweep's
+  checks, before anything loads or compiles (bpd.main prints it as one line, exit status 2)."""
+  model_config = model_lib.model_config('tiny', vocab_size=24, k=3)
+  config = common.override(demo.get_config(), **{'decode.ks': (2, 3), **overrides})
+  if message is None:
+    assert checks.check_decode(config, str(tmp_path), model_config)
+    return
+  with pytest.raises(UserError, match=message):
+    checks.check_decode(config, str(tmp_path), model_config)
+
+
+def test_static_trees_with_sequential_heads_are_refused_by_the_sweep(tmp_path):
+  model_config = model_lib.model_config('tiny', vocab_size=24, k=3, head_type='sequential')
+  config = common.override(demo.get_config(), **{'decode.trees': ('comb:2',), 'decode.ks': (3,)})
+  with pytest.raises(UserError, match='sequential heads'):
+    checks.check_decode(config, str(tmp_path), model_config)
+
+
+@pytest.mark.parametrize('make, message', [
+    (lambda: speculative.Sampling(verify='blok'), "verify='blok'"),
+    (lambda: speculative.Sampling(top_k=-1), 'sample_top_k=-1'),
+    (lambda: speculative.Sampling(top_p=1.5), 'sample_top_p=1.5'),
+    (lambda: decoding.Criterion(kind='exakt'), "kind='exakt'"),
+    (lambda: decoding.Criterion(kind='top_k', top_k=0), 'top_k=0'),
+    (lambda: decoding.Criterion(min_block=0), 'min_block=0'),
+])
+def test_typed_rules_check_their_own_fields(make, message):
+  """A rule built in Python fails as the command line's words do: Sampling(verify='blok') ran token verification."""
+  with pytest.raises(UserError, match=message):
+    make()
+  assert str(speculative.Sampling(verify='block')) == 'speculative:block'
