@@ -176,10 +176,11 @@ def check_decode(config, workdir: str, model_config) -> list:
     raise UserError(f'config.decode.criteria contains {sampling[0]!r}, which samples at config.decode.temperature, '
                     'but the temperature is 0: set --config.decode.temperature=T > 0 (1: the model\'s own '
                     'distribution) or drop the criterion.')
+  draft_vocab.check(config.model.draft_vocab, model_config.vocab_size)
   trees_ = _check_trees(config, workdir, model_config)
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
   check_workdir(workdir)
-  settings = []
+  settings, why_not = [], {}
   chains = [(str(k), decoder_lib.chain(k), 'chain') for k in dc.ks if k <= model_k]
   for what, tree, spec in chains + trees_:
     for rule in rules:
@@ -187,8 +188,13 @@ def check_decode(config, workdir: str, model_config) -> list:
         rule.check(tree)
       except UserError as e:  # e.g. min_block above k', or a forced path the tree lacks: left out
         logging.info('Left out of the sweep: %s with %s on %s (%s).', rule, spec, what, e)
+        why_not.setdefault(spec, e)
         continue
       settings.append(decoder_lib.Setting(rule=rule, tree=tree, spec=spec))
+  # A tree the user names that no criterion can decode would be left out whole: say so instead.
+  for spec in {spec for _, _, spec in trees_} - {s.spec for s in settings}:
+    raise UserError(f'config.decode.trees names {spec!r}, but no criterion of config.decode.criteria='
+                    f'{tuple(dc.criteria)} can decode it: {why_not[spec]}')
   if model_k == 1 and len(settings) < len(dc.ks) * len(rules):
     logging.info('The model in %s has k=1 (no proposal heads): the sweep keeps only k\'=1 (greedy is always '
                  'decoded).', workdir)
@@ -222,11 +228,16 @@ def _check_trees(config, workdir: str, model_config) -> list:
                       + model_lib.SEQUENTIAL_TREES)
     if spec == 'chain':
       continue  # the chains of config.decode.ks
+    built = []
     for k in ks:
       try:
-        out.append((f'{spec} k={k}', trees.parse_tree_spec(spec, k, workdir, model_config.vocab_size), spec))
+        built.append((f'{spec} k={k}', trees.parse_tree_spec(spec, k, workdir, model_config.vocab_size), spec))
       except UserError as e:
         logging.info('Left out of the sweep: tree %s with k\'=%d heads (%s).', spec, k, e)
+        if not built and k == ks[-1]:  # at no k' of the sweep: the tree would not be decoded at all
+          raise UserError(f'config.decode.trees names {spec!r}, which cannot be built at any k\' of '
+                          f'config.decode.ks={tuple(config.decode.ks)}: {e}') from None
+    out += built
   return out
 
 

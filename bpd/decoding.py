@@ -107,6 +107,15 @@ class Criterion:
   eps: int = flax.struct.field(pytree_node=False, default=0)
   min_block: int = flax.struct.field(pytree_node=False, default=1)
 
+  def __post_init__(self):
+    # A typed rule checks its own fields, as parse_criterion checks the command line's words.
+    if self.kind not in ('exact', 'top_k', 'distance'):
+      raise UserError(f'Criterion(kind={self.kind!r}): the kind is exact, top_k or distance; {CRITERION_HELP}.')
+    if int(self.top_k) != self.top_k or self.top_k < 1 or int(self.eps) != self.eps or self.eps < 0 or (
+        int(self.min_block) != self.min_block or self.min_block < 1):
+      raise UserError(f'Criterion(top_k={self.top_k}, eps={self.eps}, min_block={self.min_block}): top_k and '
+                      f'min_block are integers >= 1, eps an integer >= 0; {CRITERION_HELP}.')
+
   def __str__(self):
     name = {'exact': 'exact', 'top_k': f'top_k:{self.top_k}', 'distance': f'distance:{self.eps}'}[self.kind]
     if self.min_block == 1:
@@ -125,10 +134,16 @@ class Criterion:
       raise UserError(f'min_block={self.min_block} forces the path {(0,) * self.min_block} of rank-0 choices (the '
                       f'chain\'s first proposals), which the tree {tree.paths} lacks: {what}.')
 
+  @property
+  def exact_in_effect(self) -> bool:
+    """The check accepts what exact accepts: top_k:1 and distance:0 are exact (accept_mask)."""
+    return {'exact': True, 'top_k': self.top_k == 1, 'distance': self.eps == 0}[self.kind]
+
   def ends_early(self, tree) -> bool:
-    # With several roots, a check looser than exact may pass another root whose path goes deeper than the next
-    # token alone: the row is then not decided by that token, and an iteration must run.
-    return isinstance(tree, Dynamic) or len(tree.roots) == 1 or self.kind == 'exact'
+    # DESIGN §3, the last-token rule: with several roots, a check looser than exact (top_k:T >= 2, distance:EPS >= 1)
+    # may pass another root whose path goes deeper than the next token alone: the row is then not decided by that
+    # token, and an iteration must run. min_block changes nothing here: a forced block is cut at EOS and max_len.
+    return isinstance(tree, Dynamic) or len(tree.roots) == 1 or self.exact_in_effect
 
   def target(self, logits_BxV):
     return {'logits_BxV': logits_BxV, 'best_B': argmax(logits_BxV)}
@@ -450,8 +465,10 @@ class Layout:
 
   @property
   def is_chain(self) -> bool:
-    """One node per depth: decoded without a tree mask or a cache move (module comment)."""
-    return self.num_nodes == self.depth
+    """The paper's chain: one node per depth, each its head's first choice (rank 0). Decoded without a tree mask or
+    a cache move (module comment), and drafted from the heads' argmax. A one-path tree with another rank, such as
+    ((0,), (0, 1)), is decoded as a tree: its node asks for head 2's second choice."""
+    return self.num_nodes == self.depth and not self.rank_N.any()
 
   @property
   def roots(self) -> np.ndarray:
@@ -763,6 +780,11 @@ def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None):
   cost-analyse exactly one iteration."""
   depth, ends_early = tree.depth, rule.ends_early(tree)
   is_chain = isinstance(tree, Layout) and tree.is_chain
+  # A tree of N nodes is at most N deep, so no accepted path is longer than P = min(N, D). The move writes P slots
+  # from start, within the N that the verification call wrote: a cache of max_len + N + 1 slots holds them even
+  # where N < D (a small `dynamic:N`). Moving D slots there would run past its end, and a clamped write would
+  # overwrite the accepted prefix (layers.write_rows).
+  moved = min(tree.num_nodes, depth)
 
   def body(s: LoopState):
     B = s.rows.length_B.shape[0]
@@ -783,8 +805,8 @@ def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None):
       block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
     # Accept: cut at the first EOS inside the block and at max_len.
     rows, k_hat_B = accept_block(s.rows, block_BxD, k_hat_B, fixed=fixed)
-    if not is_chain:  # the accepted path's keys and values to slots start .. start + D - 1 (past k̂: stale)
-      model_state = fns.move(model_state, start_B, path_BxD)
+    if not is_chain:  # the accepted path's keys and values to slots start .. start + P - 1 (past k̂: stale)
+      model_state = fns.move(model_state, start_B, path_BxD[:, :moved])
     # Combined scoring and proposal (paper §4): the outputs at the last accepted node draft the next tree.
     nodes_BxN, row_tree_, memo = _draft(rule, tree, target, take_rows(hidden, last_B), fns, depth,
                                         block_keys(row_keys_B, rows.length_B + 1))
@@ -801,7 +823,8 @@ def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=
   tree: a Layout (`layout(check_tree(paths, k))`; the paper's chain is layout(chain_tree(k))) or a Dynamic policy;
   rule: a Criterion (greedy acceptance) or another rule (speculative.Sampling); key: a jax.random key for rules
   that draw (row b uses fold_in(key, b)). One model invocation per iteration plus one at the start; each row
-  accepts its own k̂. The state needs a cache of at least max_len + N + 1 slots (decoder.cache_len).
+  accepts its own k̂. The state needs a cache of at least max_len + N + 1 slots (decoder.cache_len): a call writes
+  N slots from start <= max_len + 1, and the move min(N, D) (`blockwise_body`).
   """
   rule.check(tree)
   if rule.draws and key is None:

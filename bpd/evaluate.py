@@ -70,8 +70,12 @@ def _decode_setting(fn, src_ids, batch_size, bucket, what):
   return decoder_lib.run_batches(fn, src_ids, batch_size, what, bucket=bucket)
 
 
+class SettingsFailed(RuntimeError):
+  """Some settings of a sweep raised; the others' rows are written."""
+
+
 def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: SweepSettings, batch_size, out_dir,
-                 model_k, step):
+                 model_k, step, failed=None, written=None):
   """Greedy, then sampling (if settings.temperature > 0), then every blockwise setting of settings.sweep (a
   decoder.Setting: rule and tree) on one split at one batch size. Returns (records, {setting name: outputs}); a
   record's 'tree' is its tree spec ('chain' for the sweep's chains) and 'tree_nodes' its number of nodes (k' for a
@@ -84,6 +88,10 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
   seconds of a record are medians measured next to each other, and speedup is their ratio. Every batch is padded to
   the shortest of the split's source buckets that fits it (decoder.source_buckets); the timed batches are warmed
   up untimed first (decoder.time_side_by_side).
+
+  failed: a list; a blockwise setting that raises is logged, named in it and skipped (None: the error propagates).
+  written(records): called after each setting with this split's records so far, so that a process that dies in
+  a later setting (a compiler crash) leaves them written.
   """
   split, src_ids, references, inputs = data.name, data.src_ids, data.references, data.inputs
   sweep, temperature, seed = settings.sweep, settings.temperature, settings.seed
@@ -142,33 +150,50 @@ def decode_split(task, decoder, params, tokenizer, data: SplitData, settings: Sw
 
   for setting in sweep:
     name, rule = setting.name, setting.rule
-    batch_invocations = []  # model calls of each batch: its slowest row decides when the batch is done
-
-    def blockwise_fn(src, setting=setting, calls=batch_invocations):
-      result = decoder.blockwise(params, src, setting.rule, setting.tree, seed=seed)
-      calls.append(result.invocations)
-      return result
-
-    sampled = isinstance(rule, speculative.Sampling)
-    # Speculative sampling's speedup is over ancestral sampling at the same temperature, timed side by side.
-    out, fields = measure(name, blockwise_fn, *((sample_fn, 'sample') if sampled else ()))
-    if sampled:
-      fields.update(sampling_fields)
-    # The rows back into one batch of the whole split, with the calls of its batches: decoding.summarize's
-    # statistics (DESIGN §2). batch_invocations: the warm-up batch, the full decode's batches, then the timing's.
-    num_batches = -(-len(src_ids) // batch_size)
-    calls = int(sum(int(c) for c in batch_invocations[1:1 + num_batches]))
-    split_result = jax.tree.map(lambda *rows: np.stack(rows), *out).replace(invocations=np.int32(calls))
-    stats = decoding.summarize(split_result)
-    records.append({**base, 'k': setting.k, 'criterion': str(rule), 'tree': setting.spec,
-                    'tree_nodes': setting.tree.num_nodes, **fields,
-                    'mean_accepted_block_size': stats['mean_accepted_block_size'], 'iterations': stats['iterations'],
-                    'invocations': stats['row_invocations'], 'batch_invocations': stats['batch_invocations'],
-                    'tokens': stats['tokens'], 'block_size_histogram': stats['block_size_histogram'],
-                    'first_call_tokens': stats['first_call_tokens']})
-    logging.info('%s b%d %s: %s, mean accepted block %.2f', split, batch_size, name,
-                 _fields(fields), stats['mean_accepted_block_size'])
+    logging.info('%s b%d %s: decoding', split, batch_size, name)  # the last line of a log a crash cuts short
+    try:
+      records.append(_decode_blockwise(decoder, params, setting, seed, measure, sample_fn, sampling_fields, base,
+                                       len(src_ids), batch_size, split))
+    except Exception as e:  # pylint: disable=broad-except
+      if failed is None:
+        raise
+      logging.exception('%s b%d %s failed', split, batch_size, name)
+      failed.append(f'{split} b{batch_size} {name} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})')
+    if written is not None:
+      written(records)
   return records, outputs_by_name
+
+
+def _decode_blockwise(decoder, params, setting, seed, measure, sample_fn, sampling_fields, base, num_examples,
+                      batch_size, split):
+  """One blockwise setting of decode_split: its record."""
+  name, rule = setting.name, setting.rule
+  batch_invocations = []  # model calls of each batch: its slowest row decides when the batch is done
+
+  def blockwise_fn(src, setting=setting, calls=batch_invocations):
+    result = decoder.blockwise(params, src, setting.rule, setting.tree, seed=seed)
+    calls.append(result.invocations)
+    return result
+
+  sampled = isinstance(rule, speculative.Sampling)
+  # Speculative sampling's speedup is over ancestral sampling at the same temperature, timed side by side.
+  out, fields = measure(name, blockwise_fn, *((sample_fn, 'sample') if sampled else ()))
+  if sampled:
+    fields.update(sampling_fields)
+  # The rows back into one batch of the whole split, with the calls of its batches: decoding.summarize's
+  # statistics (DESIGN §2). batch_invocations: the warm-up batch, the full decode's batches, then the timing's.
+  num_batches = -(-num_examples // batch_size)
+  calls = int(sum(int(c) for c in batch_invocations[1:1 + num_batches]))
+  split_result = jax.tree.map(lambda *rows: np.stack(rows), *out).replace(invocations=np.int32(calls))
+  stats = decoding.summarize(split_result)
+  logging.info('%s b%d %s: %s, mean accepted block %.2f', split, batch_size, name,
+               _fields(fields), stats['mean_accepted_block_size'])
+  return {**base, 'k': setting.k, 'criterion': str(rule), 'tree': setting.spec,
+          'tree_nodes': setting.tree.num_nodes, **fields,
+          'mean_accepted_block_size': stats['mean_accepted_block_size'], 'iterations': stats['iterations'],
+          'invocations': stats['row_invocations'], 'batch_invocations': stats['batch_invocations'],
+          'tokens': stats['tokens'], 'block_size_histogram': stats['block_size_histogram'],
+          'first_call_tokens': stats['first_call_tokens']}
 
 
 def _fields(record) -> str:
@@ -211,7 +236,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
   out_dir = os.path.join(workdir, decoder_lib.DECODE_DIR)
   if jax.process_index() == 0:
     os.makedirs(out_dir, exist_ok=True)
-  records = []
+  records, failed = [], []
   for split in config.decode.splits:
     src_ids, references, inputs = task.decode_examples(config, split, tokenizer)
     grid_written = False
@@ -221,8 +246,10 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
       n = config.decode.batch1_examples if batch_size == 1 else 0
       batch_size = sharding.decode_batch_size(batch_size, mesh)
       data = SplitData(split, src_ids[:n or None], references[:n or None], inputs[:n or None])
+      written = (lambda split_records: report.write(records + split_records, out_dir, task.columns)) if (
+          jax.process_index() == 0) else None
       split_records, outputs_by_name = decode_split(task, decoder, params, tokenizer, data, settings, batch_size,
-                                                    out_dir, model_config.k, step)
+                                                    out_dir, model_config.k, step, failed, written)
       records += split_records
       if jax.process_index() == 0:
         report.write(records, out_dir, task.columns)  # after every batch size: an interrupted sweep keeps it
@@ -234,4 +261,7 @@ def _decode_sweep(config, workdir: str) -> list[dict]:
                           outputs_by_name, config.decode.grid_examples)
   if jax.process_index() == 0:
     print(report.markdown_table(records, task.columns))
+  if failed:  # after every other setting ran and was written: the sweep still fails
+    raise SettingsFailed(f'{len(failed)} setting(s) of the sweep failed: {"; ".join(failed)}. The rows of the others '
+                         f'are in {out_dir}/results.json; the log has each traceback.')
   return records

@@ -22,6 +22,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from bpd import errors
+from bpd import stack
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/demo.py.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for checkpoints, logs and results.')
@@ -60,5 +61,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  stack.raise_stack_limit()  # before anything compiles (bpd/stack.py)
   flags.mark_flags_as_required(['config', 'workdir'])
   app.run(main, flags_parser=errors.parse_flags)  # a bad flag or config argument: one line, status 2

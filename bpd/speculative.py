@@ -84,6 +84,14 @@ class Sampling:
   verify: str = flax.struct.field(pytree_node=False, default='token')
   draws = True  # the loop hands it a PRNG key per block
 
+  def __post_init__(self):
+    # A typed rule checks its own static fields, so that a rule built in Python fails as the command line does
+    # (parse_rule), instead of quietly running token verification. The temperature is a leaf (maybe traced).
+    if self.verify not in VERIFICATIONS:
+      raise UserError(f'Sampling(verify={self.verify!r}): verification is one of {VERIFICATIONS} (token: token by '
+                      'token, recursive rejection on trees; block: the chain\'s drafts jointly).')
+    check_truncation(self.top_k, self.top_p)
+
   def __str__(self):
     return CRITERION if self.verify == 'token' else f'{CRITERION}:{self.verify}'
 
@@ -93,8 +101,8 @@ class Sampling:
                       'speculative sampling drafts independent samples: use a chain or a static tree with it.')
     check_sampling_tree(tree.paths, tree.depth)
     if self.verify == 'block' and not tree.is_chain:
-      raise UserError(f'{self} verifies a chain; the tree {tree.paths} has several nodes at one depth. Use '
-                      f'{CRITERION!r} for trees (recursive rejection), or decode the chain.')
+      raise UserError(f'{self} verifies a chain (the paths (0,), (0, 0), ..., one draft per depth); {tree.paths} '
+                      f'is not one. Use {CRITERION!r} for trees (recursive rejection), or decode the chain.')
 
   def ends_early(self, tree) -> bool:
     return True  # the free token is a sample of the next token: where it ends the row it is the row's end
@@ -178,19 +186,33 @@ def sampling_logits(logits_Bx___xV, temperature, top_k: int = 0, top_p: float = 
   tokens whose probability reaches top_p (nucleus sampling, Holtzman et al. 2020; 1: off), in that order, as
   common samplers apply them. A token tied with the last one kept is kept too, so the set is a function of the
   values alone (not of how a sort orders ties) and is the same wherever it is computed. top_k and top_p are
-  static; temperature may be traced."""
+  static; temperature may be traced.
+
+  Which tokens are kept is decided in the sorted order of one sort (`_keep_sorted`), never by comparing the values
+  again with a threshold read from the sort: XLA may compute the values twice, once into the sort and once into
+  the comparison, in two fusions that round differently, and the k-th token itself then fails `x >= kth`
+  (docs/results/reliability.md, the sampler at --xla_backend_optimization_level=0)."""
   x = logits_Bx___xV.astype(jnp.float32) / temperature
   vocab = x.shape[-1]
   if top_k and top_k < vocab:
-    kth_Bx___x1 = jax.lax.top_k(x, top_k)[0][..., -1:]
-    x = jnp.where(x >= kth_Bx___x1, x, -jnp.inf)
+    x = jnp.where(_keep_sorted(x, lambda sorted_x: sorted_x >= sorted_x[..., top_k - 1:top_k]), x, -jnp.inf)
   if top_p < 1.0:
-    probs = jax.nn.softmax(x, axis=-1)
-    sorted_desc = jax.lax.top_k(probs, vocab)[0]
-    mass_before = jnp.cumsum(sorted_desc, axis=-1) - sorted_desc
-    threshold = jnp.min(jnp.where(mass_before < top_p, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-    x = jnp.where(probs >= threshold, x, -jnp.inf)
+    def nucleus(sorted_desc):
+      mass_before = jnp.cumsum(sorted_desc, axis=-1) - sorted_desc
+      threshold = jnp.min(jnp.where(mass_before < top_p, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+      return sorted_desc >= threshold
+    x = jnp.where(_keep_sorted(jax.nn.softmax(x, axis=-1), nucleus), x, -jnp.inf)
   return x
+
+
+def _keep_sorted(values_Bx___xV, keep_fn):
+  """keep_fn(the values sorted in descending order) -> which to keep, bool in that order; returned in token order.
+  The decision reads the sort's own output only, so it is consistent whatever XLA recomputes around it."""
+  shape, vocab = values_Bx___xV.shape, values_Bx___xV.shape[-1]
+  sorted_NxV, order_NxV = jax.lax.top_k(values_Bx___xV.reshape(-1, vocab), vocab)
+  rows_Nx1 = jnp.arange(sorted_NxV.shape[0])[:, None]
+  keep_NxV = jnp.zeros(sorted_NxV.shape, bool).at[rows_Nx1, order_NxV].set(keep_fn(sorted_NxV))
+  return keep_NxV.reshape(shape)
 
 
 def _softmax(logits, temperature, top_k=0, top_p=1.0):

@@ -164,6 +164,7 @@ from bpd import metrics
 from bpd import model as model_lib
 from bpd import report
 from bpd import sharding
+from bpd import stack
 from bpd import tasks
 from bpd import timing
 from bpd import tpu_estimate
@@ -1289,4 +1290,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  stack.raise_stack_limit()  # before anything compiles (bpd/stack.py)
   app.run(lambda argv: errors.exit_on_user_error(main, argv), flags_parser=errors.parse_flags)

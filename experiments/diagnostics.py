@@ -86,6 +86,7 @@ from bpd import model as model_lib
 from bpd import report
 from bpd import sharding
 from bpd import speculative as speculative_lib
+from bpd import stack
 from bpd import tasks
 from bpd import train
 from bpd import trees
@@ -601,4 +602,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  stack.raise_stack_limit()  # before anything compiles (bpd/stack.py)
   app.run(lambda argv: errors.exit_on_user_error(main, argv), flags_parser=errors.parse_flags)

@@ -117,6 +117,7 @@ from bpd import evaluate_images
 from bpd import metrics
 from bpd import model as model_lib
 from bpd import report
+from bpd import stack
 from bpd import tasks
 from bpd import train
 from bpd.data import images
@@ -914,4 +915,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  stack.raise_stack_limit()  # before anything compiles (bpd/stack.py)
   app.run(lambda argv: errors.exit_on_user_error(main, argv), flags_parser=errors.parse_flags)

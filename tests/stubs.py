@@ -38,6 +38,27 @@ def _step(h_prev, digest, token):
   return _mix(_mix(h_prev, digest), token)
 
 
+class CacheOverflow(ValueError):
+  """A stub's cache write ran past the end of its cache (`write_rows`)."""
+
+
+def _check_in_cache(start_B, num_new, cache_len):
+  end_B = np.asarray(start_B) + num_new
+  if (end_B > cache_len).any():
+    raise CacheOverflow(f'cache write past the end: slots up to {int(end_B.max())} of a {cache_len}-slot cache '
+                        f'(starts {np.asarray(start_B).tolist()}, {num_new} slots each)')
+
+
+def write_rows(h_BxL, start_B, new_BxT):
+  """Row b's slots start_B[b] .. start_B[b] + T - 1 = new_BxT[b], as bpd.layers.write_rows writes the real cache.
+  A write that would run past the end raises CacheOverflow (host callback): the real model's dynamic_update_slice
+  clamps such a start and silently overwrites the last slots of the prefix, so no test may pass over one. The write
+  itself clamps as the real one does."""
+  jax.debug.callback(_check_in_cache, start_B, new_BxT.shape[1], h_BxL.shape[1])
+  return jax.vmap(lambda row, new, start: jax.lax.dynamic_update_slice(row, new, (start,)))(
+      h_BxL, new_BxT.astype(h_BxL.dtype), start_B)
+
+
 def _u32(x):
   """x as uint32: a traced or JAX value stays JAX, a Python or numpy one becomes numpy."""
   return x.astype(jnp.uint32) if isinstance(x, jax.Array) else np.uint32(x)
@@ -100,8 +121,7 @@ class Stub:
       digests.append(digest)
       hs.append(_step(_parent_hash(h_prefix, hs, parent_BxT[:, t]), digest, tokens_BxT[:, t]))
     h_BxT = jnp.stack(hs, axis=1)
-    slot_BxT = start_B[:, None] + jnp.arange(T)[None, :]
-    h_BxL = state['h_BxL'].at[rows[:, None], slot_BxT].set(h_BxT)
+    h_BxL = write_rows(state['h_BxL'], start_B, h_BxT)
     eos_at_BxT = jnp.broadcast_to(state['eos_at_B'][:, None], (B, T))
     logits = self._logits(self.next_token(h_BxT, pos_BxT, eos_at_BxT), h_BxT)
     hidden = {'h': h_BxT, 'pos': pos_BxT, 'eos_at': eos_at_BxT, 'digest': jnp.stack(digests, axis=1)}
@@ -111,7 +131,7 @@ class Stub:
     """Slot start + source[d] -> slot start + d (bpd.decoding.blockwise): the accepted path made contiguous."""
     rows = jnp.arange(source_BxD.shape[0])[:, None]
     h_BxD = state['h_BxL'][rows, start_B[:, None] + source_BxD]
-    return dict(state, h_BxL=state['h_BxL'].at[rows, start_B[:, None] + jnp.arange(source_BxD.shape[1])].set(h_BxD))
+    return dict(state, h_BxL=write_rows(state['h_BxL'], start_B, h_BxD))
 
   def propose_fn(self, hidden):
     return self._heads(hidden)[1]
@@ -240,8 +260,7 @@ class SoftStub:
     for t in range(T):
       hs.append(_mix(_parent_hash(h_prefix, hs, parent_BxT[:, t]), tokens_BxT[:, t]))
     h_BxT = jnp.stack(hs, axis=1)
-    slot_BxT = start_B[:, None] + jnp.arange(T)[None, :]
-    h_BxL = state['h_BxL'].at[rows[:, None], slot_BxT].set(h_BxT)
+    h_BxL = write_rows(state['h_BxL'], start_B, h_BxT)
     return self.logits(h_BxT), {'h': h_BxT}, dict(state, h_BxL=h_BxL)
 
   move_fn = Stub.move_fn

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bpd import checkpoint
+from bpd import decoder as decoder_lib
 from bpd import distill
 from bpd import evaluate
 from bpd import model as model_lib
@@ -120,6 +121,26 @@ def test_decode_sweep_writes_results_tables_hypotheses_and_plots(trained):
     assert os.path.exists(os.path.join(out, name)), name
   lines = open(os.path.join(out, 'test.k2.exact.b8.txt'), encoding='utf-8').read().split('\n')
   assert len(lines) == 12 + 1  # one line per source sentence, then the final newline
+
+
+def test_a_failing_setting_leaves_the_other_rows_written_and_fails_the_sweep(trained, tmp_path, monkeypatch):
+  """One setting raises (as a compile that fails would): the sweep logs it, decodes the others, writes their rows,
+  and raises naming the setting (bpd.main then exits non-zero)."""
+  _, heads_dir = trained
+  workdir = str(tmp_path / 'k3')
+  shutil.copytree(heads_dir, workdir, ignore=shutil.ignore_patterns('decode'))
+  real = decoder_lib.Decoder.blockwise
+
+  def blockwise(self, params, src, rule, tree, seed=0):
+    if tree.depth == 2 and str(rule) == 'top_k:2':
+      raise RuntimeError('compile failed')
+    return real(self, params, src, rule, tree, seed)
+  monkeypatch.setattr(decoder_lib.Decoder, 'blockwise', blockwise)
+  with pytest.raises(evaluate.SettingsFailed, match=r'1 setting\(s\) of the sweep failed: test b8 k2\.top_k2 '
+                                                     r'\(RuntimeError: compile failed\)'):
+    evaluate.decode_sweep(tiny_config(k=3), workdir)
+  on_disk = json.load(open(os.path.join(workdir, 'decode', 'results.json')))
+  assert {(r['k'], r['criterion']) for r in on_disk} == {(1, 'greedy'), (2, 'exact'), (3, 'exact'), (3, 'top_k:2')}
 
 
 def test_trees_choose_then_decode_in_the_sweep(trained, tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from bpd import checks
 from bpd import decoding
 from bpd import model as model_lib
+from bpd import speculative
 from bpd import trees
 from bpd.errors import UserError
 from tests.conftest import BOS as TOY_BOS, EOS as TOY_EOS, SRC_LEN, toy_batch
@@ -277,6 +278,34 @@ def test_dynamic_trees_differ_per_row_and_accept_more_than_a_static_tree_of_the_
   assert decoding.summarize(dynamic)['mean_accepted_block_size'] > decoding.summarize(static)['mean_accepted_block_size']
 
 
+@pytest.mark.parametrize('tree, vocab, max_len', [(decoding.Dynamic(1, 5), 9, 7), (decoding.Dynamic(3, 8), 16, 12),
+                                                   (decoding.Dynamic(2, 4, beam=2, ranks=2), 16, 9)])
+def test_dynamic_trees_of_fewer_nodes_than_heads_stay_inside_the_cache(tree, vocab, max_len):
+  """N < depth, rows running to max_len: the verification call writes N slots and the move min(N, D), inside the
+  cache of max_len + N + 1 slots (the stub raises on a write past its end). The smallest case: dynamic:1, k' = 5,
+  V = 9, max_len = 7, batch 1; once a row was within depth - N tokens of max_len, a move of D slots ran past the
+  end, and a clamped one overwrote the prefix."""
+  for accuracy in (0.5, 1.0):
+    stub = Stub(vocab_size=vocab, k=tree.depth, head_accuracy=accuracy, runner_up_accuracy=0.5)
+    for seed_B in ([0], [1, 2, 3, 4]):
+      eos_at_B = np.full(len(seed_B), 100)
+      result = run(stub, seed_B, eos_at_B, max_len, tree)
+      np.testing.assert_array_equal(np.asarray(result.tokens_BxL), stub.reference_greedy(seed_B, eos_at_B, max_len))
+
+
+def test_the_stub_refuses_a_cache_write_past_its_end():
+  """The guard the tests above rely on: a write of T slots from start with start + T > L raises, as a move of D
+  slots did with dynamic:1 at k' = 5; the last slots themselves can be written."""
+  stub = Stub(vocab_size=9, k=5)
+  state = stub.init_state(jnp.asarray([0]), jnp.asarray([100]), 9)
+  tokens_Bx4 = jnp.full((1, 4), 5, jnp.int32)
+  jax.block_until_ready(jax.jit(stub.score_fn)(state, tokens_Bx4, jnp.asarray([5])))
+  with pytest.raises(Exception, match='cache write past the end'):
+    jax.block_until_ready(jax.jit(stub.score_fn)(state, tokens_Bx4, jnp.asarray([6])))
+  with pytest.raises(Exception, match='cache write past the end'):
+    jax.block_until_ready(jax.jit(stub.move_fn)(state, jnp.asarray([3]), jnp.zeros((1, 7), jnp.int32)))
+
+
 def test_a_second_root_may_go_deeper_than_an_ending_next_token():
   """The last-token rule: with several roots under top_k:2 the row is not decided by head 1's next token alone, so
   no iteration is skipped when that token ends the row. The smallest case: tree ((0,), (1,), (0, 0), (1, 0)), k = 2,
@@ -298,6 +327,49 @@ def test_a_second_root_may_go_deeper_than_an_ending_next_token():
     result = run(stub, seed_B, eos_at_B, 2, paths, criterion)
     assert (np.asarray(result.length_B) == 1).all() and (np.asarray(result.iterations_B) == 0).all()
     assert (np.asarray(result.first_call_B) == 1).all()
+
+
+@pytest.mark.parametrize('spec', ['exact', 'top_k:2', 'distance:2'])
+def test_a_one_path_tree_off_the_rank_zero_path_is_decoded_as_a_tree(spec):
+  """((0,), (0, 1)) has one node per depth, but its node asks for head 2's second choice: it is not the chain, and
+  is verified and accepted as a tree (before, the chain's fast path drafted head 2's first choice: under exact the
+  tokens stayed right and the iteration counts did not, under top_k and distance the tokens differed). The smallest
+  case, k = 2, max_len 3, against the documented rule (reference.reference_blockwise). Users reach it:
+  trees.sparse_tree returns it for agreement where head 2's second choice is the more often right."""
+  paths = ((0,), (0, 1))
+  assert trees.sparse_tree([[1, .5], [.2, .6]], 2) == paths
+  assert not decoding.layout(paths).is_chain and decoding.layout(decoding.chain_tree(2)).is_chain
+  stub = Stub(vocab_size=16, k=2, head_accuracy=0.3, runner_up_accuracy=0.9)
+  criterion = decoding.parse_criterion(spec)
+  seed_B = np.random.RandomState(5).randint(0, 2**31, size=16)
+  eos_at_B = np.full(16, 100)
+  result = run(stub, seed_B, eos_at_B, 3, paths, criterion)
+  two = 0
+  for b in range(16):
+    tokens, iterations = reference.reference_blockwise(stub, int(seed_B[b]), int(eos_at_B[b]), 3, paths, criterion)
+    assert list(np.asarray(result.tokens_BxL[b])[:int(result.length_B[b])]) == tokens, b
+    assert int(result.iterations_B[b]) == iterations, b
+    two += iterations == 1  # 3 tokens in one iteration: head 2's second choice was accepted
+  assert 0 < two < 16
+  with pytest.raises(UserError, match='lacks'):  # min_block forces the rank-0 path, which this tree lacks
+    run(stub, seed_B, eos_at_B, 3, paths, decoding.parse_criterion('min_block:2'))
+
+
+@pytest.mark.parametrize('spec, iterations', [('exact', 0), ('top_k:1', 0), ('distance:0', 0), ('top_k:4', 1)])
+def test_checks_exact_in_effect_end_a_row_without_an_iteration_with_several_roots(spec, iterations):
+  """The last-token rule's exception for several roots (DESIGN §3) is for checks looser than exact: top_k:1 and
+  distance:0 accept what exact accepts, so a row whose next token ends it needs no iteration, as under exact. The
+  smallest case: tree ((0,), (3,)), max_len 1: the first call produces the row (first_call 1, no iteration); under
+  top_k:4 the root of rank 3 could pass, and the iteration runs."""
+  stub = Stub(vocab_size=16, k=2)
+  criterion = decoding.parse_criterion(spec)
+  seed_B, eos_at_B = np.arange(4), np.full(4, 100)
+  result = run(stub, seed_B, eos_at_B, 1, ((0,), (3,)), criterion)
+  assert np.asarray(result.iterations_B).tolist() == [iterations] * 4
+  assert np.asarray(result.first_call_B).tolist() == [1 - iterations] * 4
+  for b in range(4):
+    tokens, expected = reference.reference_blockwise(stub, int(seed_B[b]), 100, 1, ((0,), (3,)), criterion)
+    assert expected == iterations and list(np.asarray(result.tokens_BxL[b])) == tokens
 
 
 # -- other criteria against an uncached reference ----------------------------------------------------------
@@ -397,6 +469,36 @@ def test_exact_tree_equals_greedy_on_the_real_model(toy_model, tree, batch, max_
   np.testing.assert_array_equal(np.asarray(result.length_B), np.asarray(greedy_length))
 
 
+def _untrained_model(k, head_type):
+  """(model, params): a tiny untrained model with k heads whose decoder layers' outputs are scaled up, so that
+  its greedy output changes along a row (at init the input token dominates and a random model repeats it)."""
+  config = model_lib.model_config('tiny', vocab_size=40, k=k, dropout_rate=0.0, d_model=32, d_ff=64,
+                                  head_type=head_type)
+  params = dict(jax.jit(model_lib.init_params, static_argnums=0)(config, jax.random.PRNGKey(0)))
+  for name in ('decoder_layers_0', 'decoder_layers_1'):
+    layer = params[name]
+    scaled = lambda sub, inner, layer=layer: dict(layer[sub], **{inner: dict(layer[sub][inner],
+                                                                              kernel=layer[sub][inner]['kernel'] * 10)})
+    params[name] = dict(layer, self_attn=scaled('self_attn', 'out'), cross_attn=scaled('cross_attn', 'out'),
+                        ff=scaled('ff', 'wo'))
+  return model_lib.Transformer(config), params
+
+
+@pytest.mark.parametrize('head_type', ['independent', 'sequential'])
+def test_small_dynamic_trees_near_max_len_equal_greedy_on_the_real_model(head_type):
+  """dynamic:N with N < depth (k' = 8): the cache holds max_len + N + 1 slots, and rows run through every length
+  up to max_len (an untrained model seldom says EOS; dynamic:1 accepts one token per iteration). The accepted path
+  is moved into min(N, D) slots, not D, which would run past the cache's end there and overwrite the prefix."""
+  model, params = _untrained_model(8, head_type)
+  src = jnp.asarray(toy_batch(np.random.RandomState(3), 4)[0])
+  fixed = decoding.Fixed(batch_size=4, max_len=12, bos_id=TOY_BOS, eos_id=TOY_EOS)
+  for tree in (decoding.Dynamic(1, 8), decoding.Dynamic(3, 8, beam=2, ranks=2)):
+    (greedy_tokens, greedy_length, _), block = reference.greedy_and_blockwise(params, src, model=model, tree=tree,
+                                                                              fixed=fixed)
+    assert (np.asarray(greedy_length) >= 9).any()  # some rows pass the lengths where a move of D slots overran
+    np.testing.assert_array_equal(np.asarray(block.tokens_BxL), np.asarray(greedy_tokens), err_msg=str(tree))
+
+
 # -- choosing a tree (bpd/trees.py) and the sweep's tree specs -----------------------------------------------
 
 def test_sparse_tree_maximizes_expected_length_greedily():
@@ -449,3 +551,51 @@ def test_trees_without_a_k_of_two_and_repeated_ks_are_refused_before_compiling(t
     checks.check_decode(common.override(config, **{'decode.ks': (2, 3, 2)}), str(tmp_path), model_config)
   chains_only = common.override(config, **{'decode.trees': ('chain',)})
   assert {s.spec for s in checks.check_decode(chains_only, str(tmp_path), model_config)} == {'chain'}
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'decode.trees': ('dynamic:0',)}, 'N must be at least 1'),
+    ({'decode.trees': ('dynamic:-1',)}, 'N must be at least 1'),
+    ({'decode.trees': ('dynamic:x',)}, "Tree spec 'dynamic:x': a tree spec is"),
+    ({'decode.trees': ('dynamic:5000',)}, 'N must be between 1 and'),
+    ({'decode.trees': ('dynamic:20',), 'decode.ks': (2,)}, "cannot be built at any k' of config.decode.ks=\\(2,\\)"),
+    ({'model.draft_vocab': 24}, 'draft_vocab=24'),
+    ({'model.draft_vocab': -1}, 'draft_vocab=-1'),
+    ({'decode.trees': ('comb:2',), 'decode.criteria': ('speculative:block',), 'decode.temperature': 1.0},
+     "names 'comb:2', but no criterion .* verifies a chain"),
+    ({'decode.trees': ('dynamic:8',), 'decode.criteria': ('speculative',), 'decode.temperature': 1.0},
+     "names 'dynamic:8', but no criterion"),
+    ({'decode.trees': ('comb:2',), 'decode.criteria': ('min_block:2',), 'decode.ks': (3,)}, None),  # it runs
+])
+def test_new_settings_refuse_bad_values_before_compiling(overrides, message, tmp_path):
+  """What a new user might try (docs/results/reliability.md, "New settings"): each a UserError from the sweep's
+  checks, before anything loads or compiles (bpd.main prints it as one line, exit status 2)."""
+  model_config = model_lib.model_config('tiny', vocab_size=24, k=3)
+  config = common.override(demo.get_config(), **{'decode.ks': (2, 3), **overrides})
+  if message is None:
+    assert checks.check_decode(config, str(tmp_path), model_config)
+    return
+  with pytest.raises(UserError, match=message):
+    checks.check_decode(config, str(tmp_path), model_config)
+
+
+def test_static_trees_with_sequential_heads_are_refused_by_the_sweep(tmp_path):
+  model_config = model_lib.model_config('tiny', vocab_size=24, k=3, head_type='sequential')
+  config = common.override(demo.get_config(), **{'decode.trees': ('comb:2',), 'decode.ks': (3,)})
+  with pytest.raises(UserError, match='sequential heads'):
+    checks.check_decode(config, str(tmp_path), model_config)
+
+
+@pytest.mark.parametrize('make, message', [
+    (lambda: speculative.Sampling(verify='blok'), "verify='blok'"),
+    (lambda: speculative.Sampling(top_k=-1), 'sample_top_k=-1'),
+    (lambda: speculative.Sampling(top_p=1.5), 'sample_top_p=1.5'),
+    (lambda: decoding.Criterion(kind='exakt'), "kind='exakt'"),
+    (lambda: decoding.Criterion(kind='top_k', top_k=0), 'top_k=0'),
+    (lambda: decoding.Criterion(min_block=0), 'min_block=0'),
+])
+def test_typed_rules_check_their_own_fields(make, message):
+  """A rule built in Python fails as the command line's words do: Sampling(verify='blok') ran token verification."""
+  with pytest.raises(UserError, match=message):
+    make()
+  assert str(speculative.Sampling(verify='block')) == 'speculative:block'
