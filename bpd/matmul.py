@@ -125,8 +125,8 @@ def _fits(x, w, rows: int) -> bool:
 
 
 def _skinny(x_BxMxK, w, bias_BwxN, n: int, transpose_w=False, packed=False, w_index=-1):
-  """The kernel on 3-D x: y [B, M, N] = x . w, w [Bw, K, N], [Bw, N, K] (transpose_w) or [Bw, tiles, K, TILE]
-  (packed), Bw in {1, B}; with w_index >= 0, w has one more leading axis and its entry w_index is used."""
+  """The kernel on 3-D x: y [B, M, N] = x . w, w [Bw, K, N], [Bw, N, K] (transpose_w) or `pack`'s
+  [Bw, tiles, parts, K, PART] (packed), Bw in {1, B}; with w_index >= 0, w has one more leading axis and its entry w_index is used."""
   _library()  # registers the target before anything is compiled with it
   b, m, _ = x_BxMxK.shape
   if bias_BwxN is None:
@@ -136,18 +136,19 @@ def _skinny(x_BxMxK, w, bias_BwxN, n: int, transpose_w=False, packed=False, w_in
               w_index=int(w_index))
 
 
-TILE = 64  # columns per packed tile (kTile in bpd/kernels/skinny_matmul.h)
+TILE, PART = 64, 32  # columns per packed tile and per contiguous part of it (kTile, kPackCols in the kernel)
 
 
 def pack(w_Bx___xKxN):
-  """The packed layout of weights [..., K, N]: [..., tiles, K, TILE], each tile of TILE columns contiguous, zeros
-  past N. The kernel reads a packed weight front to back; in the [K, N] layout its column tiles are strided rows,
+  """The packed layout of weights [..., K, N]: [..., tiles, TILE / PART, K, PART], each PART columns of a tile
+  contiguous, zeros past N. The kernel reads a packed weight front to back; in the [K, N] layout its column tiles are strided rows,
   which DRAM serves at a fraction of the rate once the weights do not fit in cache. Made once per decoder and
   parameters (bpd/decoder.py), never in a decoding loop."""
   *lead, k, n = w_Bx___xKxN.shape
   tiles = -(-n // TILE)
   padded = jnp.pad(w_Bx___xKxN, [(0, 0)] * len(lead) + [(0, 0), (0, tiles * TILE - n)])
-  return jnp.swapaxes(padded.reshape(*lead, k, tiles, TILE), -3, -2)
+  parts = padded.reshape(*lead, k, tiles, TILE // PART, PART)
+  return jnp.moveaxis(parts, -4, -2)  # [..., tiles, parts, K, PART]
 
 
 def dense(x_Bx___xK, w_KxN, bias_N=None, preferred_element_type=None, packed=None, packed_index=None):

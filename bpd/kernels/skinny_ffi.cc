@@ -129,7 +129,7 @@ void run(const MatmulArgs& a, RunUnits units) {
   pool().Run(total, [&](int64_t u) { units(a, u, u + 1); });
 }
 
-// x [B, M, K]; w [Bw, K, N], [Bw, N, K] (transpose_w) or [Bw, tiles, K, kTile] (packed), where Bw = 1 or B; or
+// x [B, M, K]; w [Bw, K, N], [Bw, N, K] (transpose_w) or [Bw, tiles, parts, K, kPackCols] (packed), Bw = 1 or B; or
 // with w_index >= 0 one more leading axis, of which only entry w_index is read (a head's weights, not copied);
 // bias [Bw, N] or [0, N] (none); y [B, M, N].
 ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
@@ -142,7 +142,7 @@ ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
     return ffi::Error::InvalidArgument("bpd skinny matmul: float32 operands only");
   const auto xd = x.dimensions(), yd = y->dimensions(), bd = bias.dimensions();
   const auto w_dims = w.dimensions();
-  const size_t w_rank = (packed ? 4 : 3) + (w_index >= 0 ? 1 : 0);
+  const size_t w_rank = (packed ? 5 : 3) + (w_index >= 0 ? 1 : 0);
   if (xd.size() != 3 || w_dims.size() != w_rank || yd.size() != 3 || bd.size() != 2)
     return ffi::Error::InvalidArgument("bpd skinny matmul: operand ranks do not match the layout");
   const float* w_data = reinterpret_cast<const float*>(w.untyped_data());
@@ -161,8 +161,9 @@ ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
   a.transpose_w = transpose_w != 0;
   a.packed = packed != 0;
   a.n = yd[2];
-  const int64_t wk = a.packed ? wd[2] : a.transpose_w ? wd[2] : wd[1];
-  const bool w_n_ok = a.packed ? (wd[1] == num_tiles(a.n) && wd[3] == kTile) : (a.transpose_w ? wd[1] : wd[2]) == a.n;
+  const int64_t wk = a.packed ? wd[3] : a.transpose_w ? wd[2] : wd[1];
+  const bool w_n_ok = a.packed ? (wd[1] == num_tiles(a.n) && wd[2] == kTile / kPackCols && wd[4] == kPackCols)
+                               : (a.transpose_w ? wd[1] : wd[2]) == a.n;
   a.w_shared = wd[0] == 1;
   if (wk != a.k || !w_n_ok || (a.packed && a.transpose_w) || !(wd[0] == 1 || wd[0] == a.batch) ||
       yd[0] != a.batch || yd[1] != a.m || !(bd[0] == 0 || (bd[0] == wd[0] && bd[1] == a.n)))

@@ -17,7 +17,7 @@ namespace bpd {
 
 struct MatmulArgs {
   const float* x;     // [batch, m, k]
-  const float* w;     // [w_batch, k, n]; [w_batch, n, k] with transpose_w; [w_batch, tiles, k, kTile] packed
+  const float* w;     // [w_batch, k, n]; [w_batch, n, k] with transpose_w; packed: see kPackCols
   const float* bias;  // [w_batch, n], or nullptr
   float* y;           // [batch, m, n]
   int64_t batch, m, k, n;
@@ -29,6 +29,8 @@ struct MatmulArgs {
 
 // Output columns are cut into tiles of kTile; a unit of work is one (batch entry, column tile).
 constexpr int64_t kTile = 64;
+// A packed tile is kTile / kPackCols parts, each [k, kPackCols] contiguous: [w_batch, tiles, parts, k, kPackCols].
+constexpr int64_t kPackCols = 32;
 inline int64_t num_tiles(int64_t n) { return (n + kTile - 1) / kTile; }
 
 inline int64_t num_units(const MatmulArgs& a) { return a.batch * num_tiles(a.n); }

@@ -23,19 +23,18 @@ constexpr int kPrefetchRows = 16;                // W rows ahead: a strip row is
 
 // y[0:MR, 0:cols] = x[0:MR, :] . w[:, 0:cols] (+ bias), cols = NV * kW, or fewer in the last vector (MASKED).
 template <int MR, int NV, bool MASKED>
-void nn_block(const float* x, int64_t ldx, const float* w, int64_t ldw, const float* bias, float* y, int64_t ldy,
+void nn_block(const float* x, int64_t ldx, const float* const* w, int64_t ldw, const float* bias, float* y, int64_t ldy,
               int64_t K, int last_lanes) {
   const typename Isa::Mask mask = Isa::mask(last_lanes);
   typename Isa::V acc[MR][NV];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = Isa::zero();
   for (int64_t k = 0; k < K; ++k) {
-    const float* wk = w + k * ldw;
-    for (int j = 0; j < NV * Isa::kW; j += 16)
-      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchRows * ldw + j), _MM_HINT_T0);
+    for (int j = 0; j < NV; j += 16 / Isa::kW)
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + (k + kPrefetchRows) * ldw), _MM_HINT_T0);
     typename Isa::V wv[NV];
     for (int j = 0; j < NV; ++j)
-      wv[j] = (MASKED && j == NV - 1) ? Isa::load(wk + j * Isa::kW, mask) : Isa::load(wk + j * Isa::kW);
+      wv[j] = (MASKED && j == NV - 1) ? Isa::load(w[j] + k * ldw, mask) : Isa::load(w[j] + k * ldw);
     for (int i = 0; i < MR; ++i) {
       const typename Isa::V xb = Isa::set1(x[i * ldx + k]);
       for (int j = 0; j < NV; ++j) acc[i][j] = Isa::fma(xb, wv[j], acc[i][j]);
@@ -82,7 +81,8 @@ void nt_block(const float* x, int64_t ldx, const float* w, int64_t ldw, const fl
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = Isa::sum(acc[i][j]) + (bias != nullptr ? bias[j] : 0.0f);
 }
 
-using NnFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t, int);
+using NnFn = void (*)(const float*, int64_t, const float* const*, int64_t, const float*, float*, int64_t, int64_t,
+                     int);
 using NtFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
 
 template <int MR>
@@ -143,9 +143,12 @@ void run_tile(const MatmulArgs& a, const float* x, const float* w, const float* 
               int64_t nw) {
   const int64_t M = a.m, K = a.k, N = a.n;
   if (!a.transpose_w) {
-    // This tile's W: columns n0.. of the [K, N] matrix (row stride N), or its own contiguous [K, kTile] block.
+    // This tile's W: columns n0.. of the [K, N] matrix (row stride N), or its own contiguous block, as
+    // kTile / kPackCols contiguous [K, kPackCols] parts (a tall strip reads one part front to back).
     const float* wt = a.packed ? w + (n0 / kTile) * K * kTile : w + n0;
-    const int64_t ldw = a.packed ? kTile : N;
+    const int64_t ldw = a.packed ? kPackCols : N;
+    // Where the vector of tile column c starts (row 0).
+    auto column = [&](int64_t c) { return a.packed ? wt + (c / kPackCols) * K * kPackCols + c % kPackCols : wt + c; };
     const bool wide = M <= kWideMr;
     const int64_t strip = (wide ? kWideNv : kTallNv) * Isa::kW;
     const int64_t blocks = wide ? 1 : (M + kTallMr - 1) / kTallMr;  // row blocks of balanced sizes
@@ -156,7 +159,9 @@ void run_tile(const MatmulArgs& a, const float* x, const float* w, const float* 
       const bool masked = last != Isa::kW;
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t m0 = M * blk / blocks, m1 = M * (blk + 1) / blocks;
-        nn_fn(static_cast<int>(m1 - m0), nv, masked)(x + m0 * K, K, wt + s0, ldw,
+        const float* starts[kWideNv > kTallNv ? kWideNv : kTallNv];
+        for (int j = 0; j < nv; ++j) starts[j] = column(s0 + j * Isa::kW);
+        nn_fn(static_cast<int>(m1 - m0), nv, masked)(x + m0 * K, K, starts, ldw,
                                                      bias == nullptr ? nullptr : bias + n0 + s0, y + m0 * N + n0 + s0,
                                                      N, K, last);
       }
