@@ -8,14 +8,29 @@ such run, with wide margins (tests/test_model.py, test_trained_toy_model_is_a_fa
 The image subject is built without training instead (tests/test_local_attention.py, image_model).
 """
 
+import hashlib
 import os
 import tempfile
+
+
+def _kernel_sources_hash() -> str:
+  """A hash of the skinny-matmul kernel's sources: programs that call the kernel are cached per kernel version, so
+  that no executable compiled against another build of the library is ever loaded."""
+  folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bpd', 'kernels')
+  digest = hashlib.sha256()
+  for name in sorted(os.listdir(folder)):
+    if name.endswith(('.cc', '.h')):
+      with open(os.path.join(folder, name), 'rb') as f:
+        digest.update(f.read())
+  return digest.hexdigest()[:12]
+
 
 # Compiles are most of the suite's time, and many programs recur: the tiny config trained and decoded by several
 # end-to-end tests, a Decoder rebuilt per sweep, the command-line tests' subprocesses (they inherit these variables).
 # One persistent XLA cache shares them; its keys hold the program, the flags and the jax version, so a hit is the
 # same executable a compile would give. Set before jax is imported, which reads them.
-os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(tempfile.gettempdir(), f'bpd-tests-xla-cache-{os.getuid()}'))
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
+    tempfile.gettempdir(), f'bpd-tests-xla-cache-{os.getuid()}-{_kernel_sources_hash()}'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 

@@ -52,31 +52,41 @@ class Pool {
   // Runs unit(u) for every u in [0, units): the caller and the workers claim units one at a time, so a worker
   // that the OS has not scheduled (XLA's own threads share the cores) delays nothing: the caller does its share.
   // If another call holds the pool (XLA may run two products at once), this one runs alone on its caller.
+  //
+  // A claim is a compare-and-swap on one word, `ticket_` = job id | units | next unit, published (release) after
+  // the job; a worker that claims a unit has therefore seen that job, and the job's caller cannot return (it waits
+  // for every unit to be done) before the worker is finished with it. A worker that wakes late finds the ticket
+  // exhausted, or a later job's, and never touches a finished job.
   void Run(int64_t units, const std::function<void(int64_t)>& unit) {
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    if (!busy.owns_lock() || workers_.empty() || units <= 1) {
+    if (!busy.owns_lock() || workers_.empty() || units <= 1 || units > kMaxUnits) {
       for (int64_t u = 0; u < units; ++u) unit(u);
       return;
     }
     job_ = &unit;
-    units_ = units;
-    next_.store(0, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
+    job_id_ = (job_id_ + 1) & kIdMask;
+    ticket_.store((job_id_ << 40) | (static_cast<uint64_t>(units) << 20), std::memory_order_release);
     {
       std::lock_guard<std::mutex> lock(mu_);
       epoch_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
     Claim();
-    // Every unit finished, and no worker still inside this job (one that woke late sees no unit left and leaves).
-    while (done_.load(std::memory_order_acquire) != units || active_.load(std::memory_order_acquire) != 0)
-      _mm_pause();
+    while (done_.load(std::memory_order_acquire) != units) _mm_pause();
   }
 
  private:
+  static constexpr int64_t kMaxUnits = (1 << 20) - 1;
+  static constexpr uint64_t kIdMask = (1 << 24) - 1, kField = (1 << 20) - 1;
+
   void Claim() {
-    for (int64_t u; (u = next_.fetch_add(1, std::memory_order_acq_rel)) < units_;) {
-      (*job_)(u);
+    for (;;) {
+      uint64_t t = ticket_.load(std::memory_order_acquire);
+      const uint64_t next = t & kField, units = (t >> 20) & kField;
+      if (next >= units) return;
+      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      (*job_)(static_cast<int64_t>(next));  // this ticket's job: its caller waits for this unit
       done_.fetch_add(1, std::memory_order_release);
     }
   }
@@ -93,22 +103,19 @@ class Pool {
           cv_.wait(lock, [&] { return epoch_.load(std::memory_order_acquire) != seen; });
         }
       }
-      active_.fetch_add(1, std::memory_order_acq_rel);
       seen = epoch_.load(std::memory_order_acquire);
-      // The job may already be over (every unit claimed and done); then next_ >= units_ and Claim does nothing.
-      if (done_.load(std::memory_order_acquire) != units_) Claim();
-      active_.fetch_sub(1, std::memory_order_acq_rel);
+      Claim();
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex busy_, mu_;
   std::condition_variable cv_;
-  std::atomic<uint64_t> epoch_{0};
-  std::atomic<int64_t> next_{0}, done_{0};
-  std::atomic<int> active_{0};
+  std::atomic<uint64_t> epoch_{0};    // bumped per job: wakes the workers (a hint; the ticket decides)
+  std::atomic<uint64_t> ticket_{0};   // job id (24 bits) | units (20 bits) | next unit (20 bits)
+  std::atomic<int64_t> done_{0};
   const std::function<void(int64_t)>* job_ = nullptr;
-  int64_t units_ = 0;
+  uint64_t job_id_ = 0;
 };
 
 Pool& pool() {
