@@ -266,6 +266,16 @@ F32 = 4  # bytes
 
 # -- shared by the modes -----------------------------------------------------------------------------------------------
 
+def kernel_jit(kernel):
+  """jax.jit whose programs are traced with `kernel`'s matmuls (matmul.traced), usable as @jit or
+  @jit(static_argnames=...)."""
+  def jit(fn=None, **kwargs):
+    if fn is None:
+      return functools.partial(jit, **kwargs)
+    return jax.jit(matmul.traced(fn, kernel), **kwargs)
+  return jit
+
+
 def fit(steps, seconds):
   """(intercept, slope) of the least-squares line seconds = intercept + slope * steps: a decoder's fixed seconds
   per sentence and seconds per step."""
@@ -369,8 +379,7 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
   """
   cache_len = decoder_lib.cache_len(max_len, block=max(k_values))  # one cache for greedy and every k
   c = model.config
-  jit = lambda fn=None, **kw: (functools.partial(jit, **kw) if fn is None
-                               else jax.jit(matmul.traced(fn, matmul_kernel), **kw))
+  jit = kernel_jit(matmul_kernel)
   # The skinny kernel reads packed weights, made once outside every timed program (as bpd.decoder.Decoder does).
   pack = jax.jit(model_lib.packed_weights) if matmul_kernel == 'skinny' else lambda params: None
   packed = pack(params)
@@ -713,8 +722,7 @@ def loop_programs(model, params, state, k_values, max_len, tree_specs=(), matmul
   each k, whose trip count (its iterations: random heads are rarely right) is read from one run."""
   batch = state['src_mask_BxS'].shape[0]
   fixed = decoding.Fixed(batch_size=batch, max_len=max_len, bos_id=BOS, eos_id=NEVER)
-  jit = lambda fn=None, **kw: (functools.partial(jit, **kw) if fn is None
-                               else jax.jit(matmul.traced(fn, matmul_kernel), **kw))
+  jit = kernel_jit(matmul_kernel)
 
   @jit
   def run_greedy(params, packed, state):
