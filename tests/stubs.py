@@ -11,6 +11,7 @@ Proposal head i (i = 2..k) predicts the true i-th next greedy token with probabi
 """
 
 import dataclasses
+import functools
 
 import flax
 import jax
@@ -42,19 +43,29 @@ class CacheOverflow(ValueError):
   """A stub's cache write ran past the end of its cache (`write_rows`)."""
 
 
-def _check_in_cache(start_B, num_new, cache_len):
-  end_B = np.asarray(start_B) + num_new
+def _checked_starts(start_B, num_new, cache_len):
+  """start_B itself, after checking that num_new slots from each start fit in cache_len (CacheOverflow if not).
+  start_B may carry leading vmapped axes: one call sees a whole vmapped batch."""
+  start_B = np.asarray(start_B)
+  end_B = start_B + num_new
   if (end_B > cache_len).any():
     raise CacheOverflow(f'cache write past the end: slots up to {int(end_B.max())} of a {cache_len}-slot cache '
-                        f'(starts {np.asarray(start_B).tolist()}, {num_new} slots each)')
+                        f'(starts {start_B.ravel().tolist()[:16]}, {num_new} slots each)')
+  return start_B
 
 
 def write_rows(h_BxL, start_B, new_BxT):
   """Row b's slots start_B[b] .. start_B[b] + T - 1 = new_BxT[b], as bpd.layers.write_rows writes the real cache.
   A write that would run past the end raises CacheOverflow (host callback): the real model's dynamic_update_slice
   clamps such a start and silently overwrites the last slots of the prefix, so no test may pass over one. The write
-  itself clamps as the real one does."""
-  jax.debug.callback(_check_in_cache, start_B, new_BxT.shape[1], h_BxL.shape[1])
+  itself clamps as the real one does.
+
+  The check is a pure_callback whose result (the starts, unchanged) the write uses, so that it cannot be dropped,
+  with vmap_method='broadcast_all': under vmap it is one call on the whole batch. (jax.debug.callback unrolls one
+  call per vmapped element into the program: the speculative tests' 20000 vmapped decodes compiled for hours.)"""
+  start_B = jax.pure_callback(functools.partial(_checked_starts, num_new=new_BxT.shape[1], cache_len=h_BxL.shape[1]),
+                              jax.ShapeDtypeStruct(start_B.shape, start_B.dtype), start_B,
+                              vmap_method='broadcast_all')
   return jax.vmap(lambda row, new, start: jax.lax.dynamic_update_slice(row, new, (start,)))(
       h_BxL, new_BxT.astype(h_BxL.dtype), start_B)
 
