@@ -259,6 +259,14 @@ def check_distill(config, workdir: str) -> None:
   checkpoint.read_model_config(workdir)
   if config.distill.beam_size < 1:
     raise UserError(f'config.distill.beam_size={config.distill.beam_size} must be at least 1.')
+  out_dir = pipeline.corpus_dir(config.distill, workdir)
+  made, wanted = pipeline.read_manifest(out_dir), pipeline.distill_settings(config.distill, workdir)
+  if made is not None and any(made.get(key) != value for key, value in wanted.items()):
+    differ = ', '.join(f'{key} {made.get(key)!r} there, {value!r} now' for key, value in wanted.items()
+                       if made.get(key) != value)
+    raise UserError(f'{out_dir} holds a distilled corpus made with other settings ({differ}): its parts would be '
+                    'mixed with the new ones. Distil into another folder with --config.distill.out_dir=..., or '
+                    'remove that folder.')
   data = config.data.copy_and_resolve_references()
   data.distilled_from = ''  # the teacher translates the original training sources
   pipeline.check_source(data, need_splits=(data.train_split,))

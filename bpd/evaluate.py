@@ -197,7 +197,7 @@ def _decode_blockwise(decoder, params, setting, seed, measure, sample_fn, sampli
 
 
 def _fields(record) -> str:
-  return ', '.join(f'{key} {value:.3f}' for key, value in record.items())
+  return ', '.join(f'{key} {value:.3f}' for key, value in record.items() if isinstance(value, (int, float)))
 
 
 def load_for_decoding(config, workdir: str, task, mesh=None):

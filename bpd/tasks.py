@@ -90,8 +90,19 @@ def _refuse_image_options(config, names) -> None:
 # -- translation -----------------------------------------------------------------------------------------------
 
 def bleu(hypotheses, references) -> float:
-  """Corpus BLEU with sacrebleu's defaults (13a tokenization) on detokenized text."""
+  """Corpus BLEU with sacrebleu's defaults (13a tokenization) on detokenized text (signature: BLEU_SIGNATURE)."""
   return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score
+
+
+# sacreBLEU's signature of `bleu` (reference count, case, evaluation, tokenization, smoothing, version): records
+# carry it so that a BLEU is compared only with BLEUs of the same signature.
+def _bleu_signature() -> str:
+  metric = sacrebleu.BLEU()
+  metric.corpus_score(['a'], [['a']])  # the signature names the reference count, known once a corpus is scored
+  return str(metric.get_signature())
+
+
+BLEU_SIGNATURE = _bleu_signature()
 
 
 def write_lines(path, lines):
@@ -155,7 +166,8 @@ TRANSLATION = Task(
     check_decode=lambda config: None,
     decode_examples=_text_decode_examples,
     outputs=lambda tokenizer, tokens: [tokenizer.decode(t) for t in tokens],
-    scores=lambda hypotheses, references, greedy_hypotheses: {'quality': bleu(hypotheses, references)},
+    scores=lambda hypotheses, references, greedy_hypotheses: {'quality': bleu(hypotheses, references),
+                                                               'bleu_signature': BLEU_SIGNATURE},
     baselines=lambda sources, references: {},
     write_outputs=lambda path, hypotheses: write_lines(path + '.txt', hypotheses),
     write_grid=lambda path_png, sources, references, outputs_by_name, examples: None,  # the .txt files are the outputs

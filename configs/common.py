@@ -36,7 +36,8 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   data.vocab_size      SentencePiece vocabulary, shared by source and target.
   data.max_len         longest training example in tokens (EOS included); longer pairs are dropped.
   data.bucket_lengths  padded lengths of training batches (the last is max_len): fewer wasted FLOPs.
-  data.distilled_from  workdir of a `--mode=distill` run: train on its distilled targets (paper §6.2).
+  data.distilled_from  workdir of a `--mode=distill` run, or the corpus folder it wrote (distill.out_dir): train on
+                       its distilled targets (paper §6.2).
   train.regime         base (k=1 from scratch) | frozen (train only the heads) | finetune (train all).
   train.init_from      workdir of the base model that frozen/finetune start from.
   train.head_loss      mean (mean of the k heads' losses) | random (one random head per step, t2t style).
@@ -53,6 +54,8 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
   decode.sample_top_k, decode.sample_top_p  truncate the distribution both samplers draw from (the top_k most
                        likely tokens, then the top_p nucleus; 0 and 1 = off; bpd/speculative.py sampling_logits).
   decode.grid_examples images: how many validation images the figure of outputs shows (decode/SPLIT.grid.png).
+  distill.*            `--mode=distill`: the teacher's beam (beam_size, alpha: the length penalty ((5 + len) / 6)^alpha
+                       of flax's wmt example), max_len, batch_size, and out_dir (the corpus folder; '' = WORKDIR/distill).
 """
 
 import dataclasses
@@ -223,6 +226,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.distill.alpha = 0.6
   c.distill.batch_size = 32
   c.distill.max_len = 64
+  c.distill.out_dir = ''  # the corpus folder; '' = WORKDIR/distill. One folder per teacher and beam setting
   c.lock()  # a config file's misspelt field raises here instead of adding a field that nothing reads
   return c
 

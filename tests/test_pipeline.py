@@ -197,6 +197,31 @@ def test_distill_writes_an_aligned_corpus_and_training_uses_it(trained, tmp_path
   assert checkpoint.latest_step(student) == 2
 
 
+def test_distill_into_its_own_folder_records_its_settings_and_refuses_others(trained, tmp_path):
+  """config.distill.out_dir: one corpus folder per teacher and beam setting (the paper's teacher and the ablations
+  of Table 1 distil one base twice). Its manifest names the settings; a distillation with other settings into the
+  same folder is refused before anything loads, leaving the parts as they were; training reads the folder itself."""
+  base_dir, _ = trained
+  out = str(tmp_path / 'corpus_beam1')
+  config = tiny_config(**{'data.synthetic_train_size': 40, 'distill.beam_size': 1, 'distill.out_dir': out})
+  assert distill.distill(config, base_dir) == out
+  assert not os.path.exists(os.path.join(base_dir, 'distill'))  # the teacher's workdir is left alone
+  manifest = pipeline.read_manifest(out)
+  assert manifest['beam_size'] == 1 and manifest['teacher'] == os.path.abspath(base_dir)
+  assert manifest['step'] == checkpoint.latest_step(base_dir) and manifest['sources'] == 40
+  part = os.path.join(out, 'parts', 'part-00000.de')
+  before = (os.path.getmtime(part), open(part, encoding='utf-8').read())
+  with pytest.raises(UserError, match=r'other settings \(beam_size 1 there, 2 now\).*--config.distill.out_dir'):
+    distill.distill(tiny_config(**{'data.synthetic_train_size': 40, 'distill.out_dir': out}), base_dir)
+  assert (os.path.getmtime(part), open(part, encoding='utf-8').read()) == before
+  student = str(tmp_path / 'student')
+  train.train_and_evaluate(tiny_config(**{'data.distilled_from': out, 'train.num_steps': 2,
+                                          'train.init_from': base_dir, 'train.regime': 'finetune'}), student)
+  assert checkpoint.latest_step(student) == 2
+  with pytest.raises(UserError, match='has no distilled corpus.*config.distill.out_dir'):
+    pipeline.check_source(tiny_config(**{'data.distilled_from': str(tmp_path / 'nothing')}).data)
+
+
 def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path):
   workdir = str(tmp_path / 'nan')
   train.train_and_evaluate(tiny_config(**{'train.num_steps': 4}), workdir)

@@ -8,12 +8,14 @@ Sources (config.data.source):
              data.dir (data.image_source=npy, e.g. ../shared/data/celeba32: splits train / val) or from TFDS
              celeb_a (image_source=tfds: train / validation / test). No tokenizer: pixel ids, fixed lengths.
 With config.data.distilled_from=TEACHER_DIR the training split is TEACHER_DIR/distill/train.* instead
-(sequence-level distillation, paper §6.2), written by `--mode=distill`.
+(sequence-level distillation, paper §6.2), written by `--mode=distill`; distilled_from may also name the corpus
+folder itself (config.distill.out_dir of that run), which holds train.* and the manifest distill.json.
 
 The SentencePiece model lives in the workdir. A run that starts from another workdir's model (init_from)
 or trains on a teacher's distilled corpus takes that workdir's tokenizer, so ids mean the same everywhere.
 """
 
+import json
 import os
 
 from absl import logging
@@ -29,6 +31,36 @@ from bpd.errors import UserError
 SOURCES = ('synthetic', 'text', 'tfds', 'images')
 IMAGE_SOURCES = ('npy', 'tfds')
 DISTILL_DIR = 'distill'
+MANIFEST = 'distill.json'
+DISTILL_CHUNK = 2048  # sentences per part file of a distillation
+
+
+def corpus_dir(distill_config, workdir: str) -> str:
+  """Where --mode=distill of `workdir` writes its corpus: config.distill.out_dir, or WORKDIR/distill."""
+  return distill_config.out_dir or os.path.join(workdir, DISTILL_DIR)
+
+
+def distill_settings(distill_config, workdir: str) -> dict:
+  """What makes a distilled corpus (its manifest's fields): the teacher and its beam search."""
+  return {'teacher': os.path.abspath(workdir), 'beam_size': distill_config.beam_size,
+          'alpha': distill_config.alpha, 'max_len': distill_config.max_len, 'chunk': DISTILL_CHUNK}
+
+
+def read_manifest(folder: str) -> dict | None:
+  """The manifest of a distilled corpus folder, or None where it has none."""
+  path = os.path.join(folder, MANIFEST)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def distilled_corpus(distilled_from: str, src_lang: str) -> str:
+  """The folder of train.* that config.data.distilled_from names: the folder itself where it holds them (a corpus
+  written to config.distill.out_dir), else its distill/ folder (a teacher's workdir)."""
+  if os.path.exists(os.path.join(distilled_from, f'train.{src_lang}')):
+    return distilled_from
+  return os.path.join(distilled_from, DISTILL_DIR)
 
 
 def check_source(data_config, need_splits=()):
@@ -47,12 +79,13 @@ def check_source(data_config, need_splits=()):
   if data_config.source == 'images':
     _check_image_source(data_config, need_splits)
   if data_config.distilled_from:
+    folder = distilled_corpus(data_config.distilled_from, data_config.src_lang)
     for lang in (data_config.src_lang, data_config.tgt_lang):
-      path = os.path.join(data_config.distilled_from, DISTILL_DIR, f'train.{lang}')
+      path = os.path.join(folder, f'train.{lang}')
       if not os.path.exists(path):
         raise UserError(f'config.data.distilled_from={data_config.distilled_from!r} has no distilled corpus '
-                        f'({path} is missing). Run `python -m bpd.main --mode=distill '
-                        f'--workdir={data_config.distilled_from} --config=...` first.')
+                        f'({path} is missing): name a teacher\'s workdir after `python -m bpd.main --mode=distill '
+                        f'--workdir=TEACHER --config=...`, or the corpus folder it wrote (config.distill.out_dir).')
 
 
 def _check_image_source(data_config, need_splits):
@@ -90,7 +123,7 @@ def image_tokens(lowres_Nx8x8x3, highres_Nx32x32x3):
 def load_split(data_config, split: str, seed: int = 0) -> tuple[list[str], list[str]]:
   """(source sentences, target sentences) of one split, as text."""
   if split == data_config.train_split and data_config.distilled_from:
-    folder = os.path.join(data_config.distilled_from, DISTILL_DIR)
+    folder = distilled_corpus(data_config.distilled_from, data_config.src_lang)
     src, tgt, _ = text_files.load_split(folder, 'train', data_config.src_lang, data_config.tgt_lang)
     return src, tgt
   if data_config.source == 'synthetic':
