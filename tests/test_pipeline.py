@@ -202,17 +202,18 @@ def test_distill_into_its_own_folder_records_its_settings_and_refuses_others(tra
   of Table 1 distil one base twice). Its manifest names the settings; a distillation with other settings into the
   same folder is refused before anything loads, leaving the parts as they were; training reads the folder itself."""
   base_dir, _ = trained
-  out = str(tmp_path / 'corpus_beam1')
-  config = tiny_config(**{'data.synthetic_train_size': 40, 'distill.beam_size': 1, 'distill.out_dir': out})
+  out = str(tmp_path / 'corpus_beam2')
+  config = tiny_config(**{'data.synthetic_train_size': 40, 'distill.out_dir': out})
   assert distill.distill(config, base_dir) == out
   assert not os.path.exists(os.path.join(base_dir, 'distill'))  # the teacher's workdir is left alone
   manifest = pipeline.read_manifest(out)
-  assert manifest['beam_size'] == 1 and manifest['teacher'] == os.path.abspath(base_dir)
+  assert manifest['beam_size'] == 2 and manifest['teacher'] == os.path.abspath(base_dir)
   assert manifest['step'] == checkpoint.latest_step(base_dir) and manifest['sources'] == 40
   part = os.path.join(out, 'parts', 'part-00000.de')
   before = (os.path.getmtime(part), open(part, encoding='utf-8').read())
-  with pytest.raises(UserError, match=r'other settings \(beam_size 1 there, 2 now\).*--config.distill.out_dir'):
-    distill.distill(tiny_config(**{'data.synthetic_train_size': 40, 'distill.out_dir': out}), base_dir)
+  with pytest.raises(UserError, match=r'other settings \(beam_size 2 there, 1 now\).*--config.distill.out_dir'):
+    distill.distill(tiny_config(**{'data.synthetic_train_size': 40, 'distill.out_dir': out,
+                                   'distill.beam_size': 1}), base_dir)
   assert (os.path.getmtime(part), open(part, encoding='utf-8').read()) == before
   student = str(tmp_path / 'student')
   train.train_and_evaluate(tiny_config(**{'data.distilled_from': out, 'train.num_steps': 2,
