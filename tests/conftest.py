@@ -27,10 +27,13 @@ def _kernel_sources_hash() -> str:
 
 # Compiles are most of the suite's time, and many programs recur: the tiny config trained and decoded by several
 # end-to-end tests, a Decoder rebuilt per sweep, the command-line tests' subprocesses (they inherit these variables).
-# One persistent XLA cache shares them; its keys hold the program, the flags and the jax version, so a hit is the
-# same executable a compile would give. Set before jax is imported, which reads them.
+# A persistent XLA cache shares them; its keys hold the program, the flags and the jax version, so a hit is the
+# same executable a compile would give. One folder per xdist worker: jax writes an entry in place, without a lock
+# unless the cache has a size limit, so a process that read an entry while another wrote it would load a cut
+# executable; a worker's tests and their subprocesses run one at a time. Set before jax is imported, which reads them.
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
-    tempfile.gettempdir(), f'bpd-tests-xla-cache-{os.getuid()}-{_kernel_sources_hash()}'))
+    tempfile.gettempdir(), f'bpd-tests-xla-cache-{os.getuid()}-{_kernel_sources_hash()}',
+    os.environ.get('PYTEST_XDIST_WORKER', 'main')))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 

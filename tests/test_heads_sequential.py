@@ -44,16 +44,6 @@ def _sources(rng, batch):
   return src
 
 
-@pytest.fixture(scope='module', autouse=True)
-def no_persistent_compilation_cache():
-  """This module's programs (sequential heads, context-aware trees) are compiled, not read from or written to the
-  suite's persistent XLA cache: in two full parallel runs a worker aborted inside that cache's executable
-  serialization in this module's first decode (docs/results/reliability.md), never when run alone."""
-  jax.config.update('jax_enable_compilation_cache', False)
-  yield
-  jax.config.update('jax_enable_compilation_cache', True)
-
-
 @pytest.fixture(scope='module')
 def subject():
   return build_subject()

@@ -178,8 +178,10 @@ def _main(workdirs, cache_dir, *flags, timeout=240):
   port = _free_port()
   multihost = {'BPD_COORDINATOR': f'127.0.0.1:{port}', 'BPD_NUM_PROCESSES': str(len(workdirs))}
   procs = [subprocess.Popen([sys.executable, '-m', 'bpd.main', f'--workdir={workdir}', *FLAGS, *flags], cwd=REPO,
-                            env=(_env(2, cache_dir, **multihost, BPD_PROCESS_ID=str(i)) if len(workdirs) > 1
-                                 else _env(1, cache_dir)),
+                            # Processes that run at once never share a persistent cache folder: jax writes an
+                            # entry in place, and a process reading it meanwhile would load a cut executable.
+                            env=(_env(2, os.path.join(cache_dir, f'process{i}'), **multihost, BPD_PROCESS_ID=str(i))
+                                 if len(workdirs) > 1 else _env(1, cache_dir)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i, workdir in enumerate(workdirs)]
   logs = []
