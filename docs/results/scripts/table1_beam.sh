@@ -12,9 +12,11 @@
 # ROOT/{both,distil}_{independent,sequential}            Both / Distillation on the teacher's beam-4 corpus
 # ROOT/ablate_{self_greedy,self_beam4,teacher_greedy}_{independent,sequential}   Both on the other corpora
 #
-# Environment: PY (python), BASE_STEPS (2000), HEAD_STEPS (1200), K (10), DECODE_BATCH (1024), PHASES (1234),
+# Environment: PY (python), BASE_STEPS (2000), HEAD_STEPS (1200), K (10), DECODE_BATCH (1024; 32 on a CPU),
+# TIMING_EXAMPLES (0: time the whole split; acceptance and BLEU do not depend on it), PHASES (1234),
 # DISTILL_BATCH (128), ABLATE_TYPES (the head types of the ablations: "independent sequential"), SMOKE=1 (configs' runlocal: a tiny
-# model for a few steps, to try the script). Logs: ROOT/logs/*.log.
+# model for a few steps, to try the script), ONLY (stage names: run these alone, e.g. ONLY="distill_teacher_beam4" on
+# a machine of few cores, where the stages of a phase are better run one after another). Logs: ROOT/logs/*.log.
 set -uo pipefail
 R=${1:?usage: table1_beam.sh ROOT [DATA_DIR]}
 DATA=${2:-../shared/data/multi30k}
@@ -31,8 +33,9 @@ ARGS=""
 mkdir -p "$R/logs" "$R/corpus"
 FAILED=0
 
-run() {  # run NAME CMD...: one stage, its log in ROOT/logs/NAME.log
+run() {  # run NAME CMD...: one stage, its log in ROOT/logs/NAME.log; skipped when ONLY is set and does not name it
   local name=$1; shift
+  [[ -z ${ONLY:-} || " $ONLY " == *" $name "* ]] || return 0
   echo "$(date -u +%T) start $name: $*"
   "$@" >"$R/logs/$name.log" 2>&1
   local rc=$?
@@ -110,6 +113,7 @@ if [[ $PHASES == *4* ]]; then  # test and val: greedy, chains and context-aware 
     run "decode_$name" $PY -m bpd.main --config=$C:k=$K$ARGS --config.data.dir=$DATA --workdir=$model --mode=decode \
       --config.decode.splits="('test_2016_flickr','val')" --config.decode.criteria="('exact',)" $sweep \
       --config.decode.batch_sizes="($DECODE_BATCH,)" --config.decode.timing_repeats=1 \
+      --config.decode.timing_examples=${TIMING_EXAMPLES:-0} \
       --config.decode.matmul_precision=highest &
   done
   wait_all
