@@ -31,9 +31,13 @@ def _kernel_sources_hash() -> str:
 # same executable a compile would give. One folder per xdist worker: jax writes an entry in place, without a lock
 # unless the cache has a size limit, so a process that read an entry while another wrote it would load a cut
 # executable; a worker's tests and their subprocesses run one at a time. Set before jax is imported, which reads them.
-os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(
-    tempfile.gettempdir(), f'bpd-tests-xla-cache-{os.getuid()}-{_kernel_sources_hash()}',
-    os.environ.get('PYTEST_XDIST_WORKER', 'main')))
+# The root is decided once, in pytest's first process (the workers inherit it; a JAX_COMPILATION_CACHE_DIR set
+# before pytest starts is the root), and each process takes its own folder under it.
+_CACHE_ROOT = os.environ.setdefault(
+    'BPD_TEST_XLA_CACHE_ROOT',
+    os.environ.get('JAX_COMPILATION_CACHE_DIR')
+    or os.path.join(tempfile.gettempdir(), f'bpd-tests-xla-cache-{os.getuid()}-{_kernel_sources_hash()}'))
+os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(_CACHE_ROOT, os.environ.get('PYTEST_XDIST_WORKER', 'main'))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
