@@ -181,7 +181,7 @@ def check_decode(config, workdir: str, model_config) -> list:
   pipeline.check_source(config.data, need_splits=tuple(dc.splits))
   check_workdir(workdir)
   settings, why_not = [], {}
-  chains = [(str(k), decoder_lib.chain(k), 'chain') for k in dc.ks if k <= model_k]
+  chains = [(str(k), decoding.chain(k), 'chain') for k in dc.ks if k <= model_k]
   for what, tree, spec in chains + trees_:
     for rule in rules:
       try:

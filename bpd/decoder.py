@@ -71,11 +71,6 @@ class Setting:
     return setting_name(self.k, self.rule, None if self.spec == 'chain' else self.spec)
 
 
-def chain(k: int) -> decoding.Layout:
-  """The paper's chain of k proposals as the loop's tree."""
-  return decoding.layout(decoding.chain_tree(k))
-
-
 class Decoder:
   """Jitted greedy, blockwise (chains, trees, speculative sampling: one entry), beam and sampled decoding of one model
   at one maximum output length. Every method but `beam` returns a decoding.DecodeResult.
@@ -178,36 +173,24 @@ class Decoder:
                           eos_id=self.eos_id)
 
   def _greedy(self, params, packed, src_BxS):
-    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
-    return one_per_call(decoding.greedy(score_fn, self._init(init_state, src_BxS), fixed=self._fixed(src_BxS)))
+    fns = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
+    return decoding.greedy(fns.score, self._init(fns.init, src_BxS), fixed=self._fixed(src_BxS))
 
   def _blockwise(self, params_k, packed, src_BxS, rule, key, tree):  # params_k: the first tree.depth heads (`_heads`)
-    init_state, score_fn, propose_fn, expand_fn = model_lib.decode_fns(self._model(tree.depth), params_k,
-                                                                       with_expand=True, packed=packed)
-    state = self._init(init_state, src_BxS, block=tree.num_nodes)
-    return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn), state,
-                              fixed=self._fixed(src_BxS), tree=tree, rule=rule, key=key if rule.draws else None)
+    fns = model_lib.decode_fns(self._model(tree.depth), params_k, packed=packed)
+    return decoding.blockwise(fns, self._init(fns.init, src_BxS, block=tree.num_nodes), fixed=self._fixed(src_BxS),
+                              tree=tree, rule=rule, key=key if rule.draws else None)
 
   def _sample(self, params, packed, src_BxS, temperature, key, top_k, top_p):
-    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
-    return one_per_call(decoding.greedy(sampling_score_fn(score_fn, key, temperature, top_k, top_p),
-                                        self._init(init_state, src_BxS), fixed=self._fixed(src_BxS)))
+    fns = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
+    return decoding.greedy(sampling_score_fn(fns.score, key, temperature, top_k, top_p),
+                           self._init(fns.init, src_BxS), fixed=self._fixed(src_BxS))
 
   def _beam(self, params, packed, src_BxS, beam_size, alpha):
-    init_state, score_fn, _ = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
-    state = self._init(init_state, src_BxS)
-    tokens, _ = decoding.beam_search(score_fn, state, fixed=self._fixed(src_BxS), beam_size=beam_size, alpha=alpha)
+    fns = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
+    tokens, _ = decoding.beam_search(fns.score, self._init(fns.init, src_BxS), fixed=self._fixed(src_BxS),
+                                     beam_size=beam_size, alpha=alpha)
     return tokens[:, 0]
-
-
-def one_per_call(greedy_out) -> decoding.DecodeResult:
-  """decoding.greedy's (tokens_BxL, length_B, steps) as a DecodeResult: one token per row per call after the first
-  (greedy's first call already emits a token, so its iterations are its tokens; DESIGN §2 counts them alike)."""
-  tokens_BxL, length_B, steps = greedy_out
-  return decoding.DecodeResult(
-      tokens_BxL=tokens_BxL, length_B=length_B, iterations_B=length_B,
-      block_counts_BxK=jnp.stack([length_B, jnp.zeros_like(length_B)], axis=1),
-      first_call_B=jnp.zeros_like(length_B), invocations=steps)
 
 
 def sampling_score_fn(score_fn, key, temperature, top_k: int = 0, top_p: float = 1.0):

@@ -67,6 +67,7 @@ ScoreFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any, Any]]
 ProposeFn = Callable[[Any], jax.Array]
 MoveFn = Callable[[Any, jax.Array, jax.Array], Any]
 ExpandFn = Callable[[Any, int, jax.Array], jax.Array]
+InitFn = Callable[[jax.Array, int], Any]
 
 
 # -- acceptance rules ----------------------------------------------------------------------------------------
@@ -321,43 +322,52 @@ def _mask_after(tokens_BxL, length_B):
   return jnp.where(jnp.arange(tokens_BxL.shape[1])[None, :] < length_B[:, None], tokens_BxL, PAD_ID)
 
 
-def greedy_init(state: Any, *, fixed: Fixed) -> tuple:
-  """The initial carry of greedy's loop: (step [], last_B, tokens_BxL [B, max_len], length_B, done_B, state)."""
+@flax.struct.dataclass
+class GreedyState:
+  """The carry of greedy's loop: every row sits at the same position `step`."""
+  step: jax.Array         # int32 []; model calls so far
+  last_B: jax.Array       # int32 [B]; the token fed next
+  tokens_BxL: jax.Array   # int32 [B, max_len]
+  length_B: jax.Array     # int32 [B]; tokens produced, EOS included
+  done_B: jax.Array       # bool [B]
+  model_state: Any        # opaque decoder state (KV cache, encoder keys/values)
+
+
+def greedy_init(state: Any, *, fixed: Fixed) -> GreedyState:
+  """The initial carry of greedy's loop."""
   B = fixed.batch_size
-  return (jnp.int32(0), jnp.full((B,), fixed.bos_id, jnp.int32), jnp.zeros((B, fixed.max_len), jnp.int32),
-          jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool), state)
+  return GreedyState(step=jnp.int32(0), last_B=jnp.full((B,), fixed.bos_id, jnp.int32),
+                     tokens_BxL=jnp.zeros((B, fixed.max_len), jnp.int32), length_B=jnp.zeros((B,), jnp.int32),
+                     done_B=jnp.zeros((B,), bool), model_state=state)
 
 
 def greedy_body(score_fn: ScoreFn, *, fixed: Fixed):
-  """One greedy step, the body of `greedy`'s while_loop: carry -> carry.
-
-  carry = (step [], last_B, tokens_BxL, length_B, done_B, state). Public so that a benchmark can compile and
-  cost-analyse exactly one step (XLA's cost analysis counts a while_loop's body once, not per iteration).
-  """
-  def body(carry):
-    step, last_B, tokens_BxL, length_B, done_B, state = carry
+  """One greedy step, the body of `greedy`'s while_loop: GreedyState -> GreedyState. Public so that a benchmark
+  can compile and cost-analyse exactly one step (XLA's cost analysis counts a while_loop's body once, not per
+  iteration)."""
+  def body(c: GreedyState) -> GreedyState:
     # Every row sits at position `step`: a scalar start, so the cache write is one slice, not a per-row scatter.
-    logits_Bx1xV, _, state = score_fn(state, last_B[:, None], step)
+    logits_Bx1xV, _, state = score_fn(c.model_state, c.last_B[:, None], c.step)
     next_B = argmax(logits_Bx1xV[:, 0])
-    tokens_BxL = tokens_BxL.at[:, step].set(jnp.where(done_B, PAD_ID, next_B))
-    length_B = length_B + (~done_B).astype(jnp.int32)
-    done_B = done_B | (next_B == fixed.eos_id)
-    return step + 1, next_B, tokens_BxL, length_B, done_B, state
+    return GreedyState(step=c.step + 1, last_B=next_B,
+                       tokens_BxL=c.tokens_BxL.at[:, c.step].set(jnp.where(c.done_B, PAD_ID, next_B)),
+                       length_B=c.length_B + (~c.done_B).astype(jnp.int32),
+                       done_B=c.done_B | (next_B == fixed.eos_id), model_state=state)
   return body
 
 
-def greedy(score_fn: ScoreFn, state: Any, *, fixed: Fixed):
-  """Greedy decoding with the cached decoder: one token per row per model call.
+def greedy(score_fn: ScoreFn, state: Any, *, fixed: Fixed) -> 'DecodeResult':
+  """Greedy decoding with the cached decoder: one token per row per model call. Returns a DecodeResult in which
+  every iteration produced one token (greedy's first call already emits one, so its iterations are its tokens;
+  DESIGN §2 counts them alike) and `invocations` counts the model calls."""
+  def cond(c: GreedyState):
+    return (c.step < fixed.max_len) & ~jnp.all(c.done_B)
 
-  Returns (tokens_BxL [B, max_len], length_B [B] tokens produced with EOS, steps: model invocations).
-  """
-  def cond(carry):
-    step, _, _, _, done_B, _ = carry
-    return (step < fixed.max_len) & ~jnp.all(done_B)
-
-  carry = greedy_init(state, fixed=fixed)
-  steps, _, tokens_BxL, length_B, _, _ = jax.lax.while_loop(cond, greedy_body(score_fn, fixed=fixed), carry)
-  return tokens_BxL, length_B, steps
+  c = jax.lax.while_loop(cond, greedy_body(score_fn, fixed=fixed), greedy_init(state, fixed=fixed))
+  return DecodeResult(
+      tokens_BxL=c.tokens_BxL, length_B=c.length_B, iterations_B=c.length_B,
+      block_counts_BxK=jnp.stack([c.length_B, jnp.zeros_like(c.length_B)], axis=1),
+      first_call_B=jnp.zeros_like(c.length_B), invocations=c.step)
 
 
 # -- the one blockwise loop (paper §3-§4; trees and sampling beyond the paper) ----------------------------
@@ -390,16 +400,23 @@ TreePaths = tuple  # tuple of paths, each a tuple of ranks; hashable, so a stati
 class ModelFns(NamedTuple):
   """The model as the loop sees it (module docstring): score_fn, propose_fn, move_fn for trees that are not
   chains (None is fine for a chain), and expand_fn for heads that are fed their parent's token (None: the heads'
-  choices do not depend on the node they continue, and a context-aware tree reads propose_fn's)."""
+  choices do not depend on the node they continue, and a context-aware tree reads propose_fn's). init(src_BxS,
+  cache_len) -> state makes the state the loops start from; the loops themselves never call it."""
   score: ScoreFn
   propose: ProposeFn
   move: MoveFn | None = None
   expand: ExpandFn | None = None
+  init: InitFn | None = None
 
 
 def chain_tree(k: int) -> TreePaths:
   """The chain of k proposals as a tree: ((0,), (0, 0), .., (0,) * k)."""
   return tuple((0,) * depth for depth in range(1, k + 1))
+
+
+def chain(k: int) -> 'Layout':
+  """The paper's chain of k proposals as the loop's tree: the one-path tree of rank-0 nodes."""
+  return layout(chain_tree(k))
 
 
 def check_tree(paths, k: int, max_rank: int | None = None) -> TreePaths:
@@ -820,7 +837,7 @@ def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=
   """Blockwise parallel decoding (paper §3-§4) over a tree of candidates with an acceptance rule: the one loop of
   every blockwise method (the section comment above).
 
-  tree: a Layout (`layout(check_tree(paths, k))`; the paper's chain is layout(chain_tree(k))) or a Dynamic policy;
+  tree: a Layout (`layout(check_tree(paths, k))`; the paper's chain is chain(k)) or a Dynamic policy;
   rule: a Criterion (greedy acceptance) or another rule (speculative.Sampling); key: a jax.random key for rules
   that draw (row b uses fold_in(key, b)). One model invocation per iteration plus one at the start; each row
   accepts its own k̂. The state needs a cache of at least max_len + N + 1 slots (decoder.cache_len): a call writes

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import flax.linen as nn
 import numpy as np
 
+from bpd import decoding
 from bpd import layers
 from bpd import matmul
 from bpd.errors import UserError
@@ -354,7 +355,8 @@ class Transformer(nn.Module):
     attending to the prefix and its own ancestors only (layers.tree_self_mask). A separate branch: without a tree
     nothing changes.
     """
-    if tree is not None and self._sequential() and isinstance(tree[0], np.ndarray):
+    # A static tree is one depth vector [N] for every row, a per-row tree [B, N] (the shapes layers.tree_* read).
+    if tree is not None and self._sequential() and tree[0].ndim == 1:
       raise UserError(SEQUENTIAL_TREES)  # a static tree's nodes come from propose (one path); per-row: `expand`
     num_new = tokens_BxT.shape[1]
     if tree is None:
@@ -622,16 +624,18 @@ def move_cache(state, start_B, source_BxD):
   return dict(state, layers=moved)
 
 
-def decode_fns(model: Transformer, params: Any, num_heads: int | None = None, with_expand: bool = False,
-               packed: Any = None):
-  """The model as the plain functions `bpd.decoding` takes, proposing with its first `num_heads` heads.
+def decode_fns(model: Transformer, params: Any, num_heads: int | None = None,
+               packed: Any = None) -> decoding.ModelFns:
+  """The model as the plain functions `bpd.decoding` takes (`decoding.ModelFns`), proposing with its first
+  `num_heads` heads.
 
   Call inside the jitted function that decodes (with `params` a traced argument), so the parameters are
   not baked into the compiled program as constants; for bfloat16 models they are cast once here, outside the
   decoding loop (`params_in_compute_dtype`).
-  Returns (init_state(src_BxS, cache_len), score_fn(state, tokens_BxT, start_B), propose_fn(hidden_BxD)), and
-  with_expand a fourth: expand_fn(hidden, depth, parents_BxW) for context-aware trees with sequential heads
-  (`Transformer.expand`), None for independent heads, whose choices do not depend on the parent.
+  Fields: init(src_BxS, cache_len), score(state, tokens_BxT, start_B, tree=None), propose(hidden_BxD),
+  move (`move_cache`), and expand(hidden, depth, parents_BxW) for context-aware trees with sequential heads
+  (`Transformer.expand`); None for independent heads, whose choices do not depend on the parent. A function that
+  is never called is never traced, so greedy's program holds no proposal heads.
   packed: `packed_weights(params)`, for decoders traced under matmul.use('skinny') (their matmuls read it).
   """
   heads = model.config.k if num_heads is None else num_heads
@@ -656,10 +660,8 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None, wi
   def propose_fn(hidden_BxD):
     return model.apply(variables, hidden_BxD, split, draft_RxD, method=Transformer.propose)
 
-  if not with_expand:
-    return init_state, score_fn, propose_fn
-
   def expand_fn(hidden, depth, parents_BxW):
     return model.apply(variables, hidden, depth, parents_BxW, split, draft_RxD, method=Transformer.expand)
 
-  return init_state, score_fn, propose_fn, expand_fn if sequential else None
+  return decoding.ModelFns(score=score_fn, propose=propose_fn, move=move_cache,
+                           expand=expand_fn if sequential else None, init=init_state)

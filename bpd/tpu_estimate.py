@@ -93,24 +93,22 @@ def step_cost(config: model_lib.ModelConfig, device, step: str, *, k: int, batch
   params = abstract(params)
   fixed = decoding.Fixed(batch_size=batch, max_len=max_len, bos_id=BOS, eos_id=NEVER)
   # One iteration: of the chain with a forced full block (the price of verifying k), or of the tree `paths`.
-  tree = decoding.layout(decoding.check_tree(paths, k) if step == 'tree' else decoding.chain_tree(k))
+  tree = decoding.layout(decoding.check_tree(paths, k)) if step == 'tree' else decoding.chain(k)
   rule = decoding.Criterion(min_block=k) if step != 'tree' else decoding.EXACT
 
   def encode(params, src_BxS):
-    return model_lib.decode_fns(model, params)[0](src_BxS, cache_len)
+    return model_lib.decode_fns(model, params).init(src_BxS, cache_len)
 
   def greedy_step(params, carry):
-    _, score_fn, _ = model_lib.decode_fns(model, params)
+    score_fn = model_lib.decode_fns(model, params).score
     return decoding.greedy_body(score_fn, fixed=fixed)(carry)
 
   def block_init(params, state):
-    _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.blockwise_init(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed, tree=tree,
+    return decoding.blockwise_init(model_lib.decode_fns(model, params), state, fixed=fixed, tree=tree,
                                    rule=rule)
 
   def block_step(params, s):
-    _, score_fn, propose_fn = model_lib.decode_fns(model, params)
-    return decoding.blockwise_body(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache), fixed=fixed,
+    return decoding.blockwise_body(model_lib.decode_fns(model, params), fixed=fixed,
                                    tree=tree, rule=rule)(s)
 
   state = abstract(jax.eval_shape(encode, params, jax.ShapeDtypeStruct((batch, src_len), jnp.int32)))

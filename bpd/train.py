@@ -28,9 +28,6 @@ together (orbax).
 """
 
 import functools
-import math
-import os
-import time
 
 from absl import logging
 import jax
@@ -315,7 +312,7 @@ def top_r_agreement(model, params, src_ids, greedy_ids, batch_size, ranks: int) 
 
 def exact_block_size(decoder, params, src_ids, k, batch_size) -> float:
   """Mean accepted block size of exact blockwise decoding with all k heads on `src_ids` (what acceptance is)."""
-  chain = decoder_lib.chain(k)
+  chain = decoding.chain(k)
   results, _ = decoder_lib.run_batches(lambda src: decoder.blockwise(params, src, decoding.EXACT, chain), src_ids,
                                        batch_size)
   tokens = sum(int(r.length_B) for r in results)

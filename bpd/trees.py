@@ -120,7 +120,7 @@ def parse_tree_spec(spec: str, k: int, workdir: str | None = None, vocab_size: i
   decoding.Dynamic for 'dynamic:N'. UserError for a bad spec or a missing trees.json, before anything compiles."""
   name, _, arg = str(spec).partition(':')
   if name == 'chain' and not arg:
-    return decoding.layout(decoding.chain_tree(k))
+    return decoding.chain(k)
   if name == 'dynamic':
     tree = decoding.Dynamic(num_nodes=_spec_count(spec, arg, 'N'), depth=k)
     tree.check(vocab_size or 1 << 30)

@@ -389,21 +389,21 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
 
   @jit
   def encode(params, packed, src):
-    init_state, _, _ = model_lib.decode_fns(model, params, packed=packed)
+    init_state = model_lib.decode_fns(model, params, packed=packed).init
     state = init_state(src, cache_len)
     decoder_lib.check_cache_len(state, max_len, block=max(k_values))
     return state
 
   @jit
   def run_greedy(params, packed, state):
-    _, score_fn, _ = model_lib.decode_fns(model, params, packed=packed)
-    return decoding.greedy(score_fn, state, fixed=fixed(state))[0]
+    score_fn = model_lib.decode_fns(model, params, packed=packed).score
+    return decoding.greedy(score_fn, state, fixed=fixed(state)).tokens_BxL
 
   @jit(static_argnames=('k', 'block_model'))
   def run_block(params_k, packed_k, state, k, block_model=model):  # the first k heads, cut outside (block_carry)
-    _, score_fn, propose_fn = model_lib.decode_fns(block_model, params_k, num_heads=k, packed=packed_k)
-    result = decoding.blockwise(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed(state),
-                                tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))
+    fns = model_lib.decode_fns(block_model, params_k, num_heads=k, packed=packed_k)
+    result = decoding.blockwise(fns, state, fixed=fixed(state),
+                                tree=decoding.chain(k), rule=decoding.Criterion(min_block=k))
     return result.tokens_BxL, result.invocations
 
   # One greedy step and one blockwise iteration, alone, for XLA's cost analysis.
@@ -413,23 +413,23 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
 
   @jit
   def greedy_step(params, packed, carry):
-    _, score_fn, _ = model_lib.decode_fns(model, params, packed=packed)
-    return decoding.greedy_body(score_fn, fixed=fixed(carry[-1]))(carry)
+    score_fn = model_lib.decode_fns(model, params, packed=packed).score
+    return decoding.greedy_body(score_fn, fixed=fixed(carry.model_state))(carry)
 
   # The first k heads (model and parameters) are taken once per decode, outside the loop (model_lib.first_heads):
   # take them outside the compiled iteration too, so that the one-time copy is not counted as a per-iteration cost.
   # model_k already has k heads (or k = 1), so decode_fns' own first_heads slices nothing.
   @jit(static_argnames=('model_k', 'k'))
   def block_carry(params_k, packed_k, state, model_k, k):
-    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k, packed=packed_k)
-    return decoding.blockwise_init(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed(state),
-                                   tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))
+    fns = model_lib.decode_fns(model_k, params_k, num_heads=k, packed=packed_k)
+    return decoding.blockwise_init(fns, state, fixed=fixed(state),
+                                   tree=decoding.chain(k), rule=decoding.Criterion(min_block=k))
 
   @jit(static_argnames=('model_k', 'k'))
   def block_step(params_k, packed_k, s, model_k, k):
-    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, num_heads=k, packed=packed_k)
-    return decoding.blockwise_body(decoding.ModelFns(score_fn, propose_fn), fixed=fixed(s.model_state),
-                                   tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k))(s)
+    fns = model_lib.decode_fns(model_k, params_k, num_heads=k, packed=packed_k)
+    return decoding.blockwise_body(fns, fixed=fixed(s.model_state),
+                                   tree=decoding.chain(k), rule=decoding.Criterion(min_block=k))(s)
 
   peaks = peaks or machine_peaks()
   records = []
@@ -607,7 +607,7 @@ def tree_ratios(model, params, k_values, batch_sizes, tree_specs, kernel) -> lis
   cache_len = _MAX_LEN.value + max([int(k) for k in k_values] + [
       trees.parse_tree_spec(spec, max(k_values), vocab_size=model.config.vocab_size).num_nodes
       for spec in tree_specs]) + 1
-  encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p)[0](s, cache_len))
+  encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p).init(s, cache_len))
   rows = []
   rng = np.random.RandomState(0)
   for batch in batch_sizes:
@@ -726,23 +726,22 @@ def loop_programs(model, params, state, k_values, max_len, tree_specs=(), matmul
 
   @jit
   def run_greedy(params, packed, state):
-    _, score_fn, _ = model_lib.decode_fns(model, params, num_heads=1, packed=packed)
-    return decoding.greedy(score_fn, state, fixed=fixed)[0]
+    score_fn = model_lib.decode_fns(model, params, num_heads=1, packed=packed).score
+    return decoding.greedy(score_fn, state, fixed=fixed).tokens_BxL
 
   @jit(static_argnames='k')
   def run_block(params_k, packed_k, state, k):
     # params_k: the first k heads, cut once outside (as bpd.decoder.Decoder does), so no copy is profiled here.
     model_k = model_lib.Transformer(dataclasses.replace(model.config, k=k))
-    _, score_fn, propose_fn = model_lib.decode_fns(model_k, params_k, packed=packed_k)
-    return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn), state, fixed=fixed,
-                              tree=decoder_lib.chain(k), rule=decoding.Criterion(min_block=k)).tokens_BxL
+    fns = model_lib.decode_fns(model_k, params_k, packed=packed_k)
+    return decoding.blockwise(fns, state, fixed=fixed,
+                              tree=decoding.chain(k), rule=decoding.Criterion(min_block=k)).tokens_BxL
 
   @jit(static_argnames=('k', 'tree'))
   def run_tree(params_k, packed_k, state, k, tree):
     model_k = model_lib.Transformer(dataclasses.replace(model.config, k=k))
-    _, score_fn, propose_fn, expand_fn = model_lib.decode_fns(model_k, params_k, with_expand=True, packed=packed_k)
-    result = decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn), state,
-                                fixed=fixed, tree=tree, rule=decoding.EXACT)
+    fns = model_lib.decode_fns(model_k, params_k, packed=packed_k)
+    result = decoding.blockwise(fns, state, fixed=fixed, tree=tree, rule=decoding.EXACT)
     return result.tokens_BxL, result.invocations
 
   first_heads = jax.jit(lambda params, k: model_lib.first_heads(model, params, k)[1], static_argnames='k')
@@ -768,7 +767,7 @@ def run_profile(config):
                 for spec in _PROFILE_TREES.value]
   cache_len = _MAX_LEN.value + max(k_values + tree_nodes) + 1
   kernel = matmul.resolve(config.decode.matmul_kernel)
-  encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p)[0](s, cache_len))
+  encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p).init(s, cache_len))
   tables = [f'model {config.model.size}: d={c.d_model}, {c.num_decoder_layers} decoder layers, ff {c.d_ff}, '
             f'vocab {c.vocab_size}, {c.dtype}, {c.head_type} heads; {_MAX_LEN.value} tokens per run, '
             f'{_RUNS.value} profiled runs, '
@@ -845,7 +844,7 @@ def run_matmul_floor(config):
   model, params = random_model(config, max(k_values))
   c = model.config
   cache_len = max_len + max(k_values) + 1
-  encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p)[0](s, cache_len))
+  encode = jax.jit(lambda p, s: model_lib.decode_fns(model, p).init(s, cache_len))
   kernel = matmul.resolve(config.decode.matmul_kernel)
 
   @functools.partial(jax.jit, static_argnames=('batch', 'k', 'steps'))
@@ -909,7 +908,7 @@ def fixed_cost_programs(model, params, mesh, k, lengths, sources, matmul_kernel=
   """{name: fn() -> host result} for every part; sources: {variant: src_1xS}, each decoded at every L; the
   decoders on config.decode.matmul_kernel."""
   longest = max(lengths)
-  criterion, chain = decoding.Criterion(min_block=k), decoder_lib.chain(k)
+  criterion, chain = decoding.Criterion(min_block=k), decoding.chain(k)
   out = {}
   decoders = {length: decoder_lib.Decoder(model, length, mesh, eos_id=NEVER, matmul_kernel=matmul_kernel)
               for length in lengths}
@@ -1066,7 +1065,7 @@ def run_latency(config):
   kernels = [k for k in ('xla', 'skinny') if k == 'xla' or matmul.resolve('auto') == 'skinny']
   decoders = {kernel: decoder_lib.Decoder(decoder.model, decoder.max_len, None, decoder.eos_id, matmul_kernel=kernel)
               for kernel in kernels}
-  shapes = [('chain', decoder_lib.chain(_K.value))] + [
+  shapes = [('chain', decoding.chain(_K.value))] + [
       (spec, trees.parse_tree_spec(spec, _K.value, workdir, vocab_size=model_config.vocab_size))
       for spec in _PROFILE_TREES.value]
   src_ids = task.decode_examples(config, _SPLIT.value or config.decode.splits[0], tokenizer)[0][:_EXAMPLES.value]
@@ -1185,7 +1184,7 @@ def bench_trees(config, workdir, split, nodes, batch_sizes, examples, batch1_exa
   k = heads or model_config.k
   settings = []  # (label, topology or None for the chain)
   for n in nodes:
-    settings.append((f'chain (k={k})', decoder_lib.chain(k)) if n == 1 else
+    settings.append((f'chain (k={k})', decoding.chain(k)) if n == 1 else
                     (f'nodes:{n}', trees.parse_tree_spec(f'nodes:{n}', k, workdir)))
   tokenizer = tokenizer_lib.load(os.path.join(workdir, tokenizer_lib.MODEL_NAME))
   src, tgt = pipeline.load_split(config.data, split, config.seed)

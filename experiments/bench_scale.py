@@ -119,7 +119,7 @@ def measure(num_devices: int) -> dict:
   decoder = decoder_lib.Decoder(model, max_len=_MAX_LEN.value, mesh=mesh)
   params = state['params']
   greedy = lambda: decoder.greedy(params, src_BxS)
-  block = lambda: decoder.blockwise(params, src_BxS, decoding.EXACT, decoder_lib.chain(config.k))
+  block = lambda: decoder.blockwise(params, src_BxS, decoding.EXACT, decoding.chain(config.k))
   greedy_tokens = int(np.sum(jax.device_get(greedy().length_B)))  # also compiles and warms up
   result = jax.device_get(block())
   block_tokens, block_iterations = int(np.sum(result.length_B)), int(np.sum(result.iterations_B))
@@ -230,7 +230,7 @@ def preflight(config, devices) -> list[dict]:
   params_k = jax.eval_shape(lambda p: model_lib.first_heads(model, p, k)[1], params)
   compiled = decoder._blockwise_jit.lower(  # pylint: disable=protected-access  (the jitted loop itself)
       abstract(params_k, state_sharding['params']), src, decoding.EXACT, jax.random.PRNGKey(0),
-      tree=decoder_lib.chain(k)).compile()
+      tree=decoding.chain(k)).compile()
   records.append({'program': f'decode loop, k={k}', 'shape': f'batch {decode_batch} x {decode_src}, '
                   f'max_len {config.decode.max_len}', **per_chip_bytes(compiled)})
   return records

@@ -477,7 +477,7 @@ def run_sampling_seeds():
 
   def speculative(k, seed):
     return lambda src_BxS: decoder.blockwise(params, src_BxS, speculative_lib.Sampling(temperature=temperature),
-                                             decoder_lib.chain(k), seed=seed)
+                                             decoding.chain(k), seed=seed)
 
   names = ['ancestral'] + [f'speculative k={k}' for k in ks]
   qualities = {name: [] for name in names}

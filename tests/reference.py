@@ -96,16 +96,17 @@ def reference_blockwise(stub, seed, eos_at, max_len, paths, criterion):
 
 @functools.partial(jax.jit, static_argnames=('model', 'tree', 'fixed', 'rule'))
 def greedy_and_blockwise(params, src, *, model, tree, fixed, rule=decoding.EXACT):
-  """A real model decoded greedily (decoding.greedy's (tokens, length, steps)) and blockwise over `tree` (a
+  """A real model decoded greedily (greedy as (tokens, length, model calls)) and blockwise over `tree` (a
   decoding.Layout such as the chain, or a Dynamic) with its first tree.depth heads, from one cache length."""
-  init_state, score_fn, propose_fn, expand_fn = model_lib.decode_fns(model, params, num_heads=tree.depth,
-                                                                     with_expand=True)
+  fns = model_lib.decode_fns(model, params, num_heads=tree.depth)
+  init_state, score_fn, propose_fn, expand_fn = fns.init, fns.score, fns.propose, fns.expand
   state = init_state(src, fixed.max_len + tree.num_nodes + 1)
-  greedy = decoding.greedy(score_fn, state, fixed=fixed)
+  g = decoding.greedy(score_fn, state, fixed=fixed)
+  greedy = (g.tokens_BxL, g.length_B, g.invocations)
   block = decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn), state,
                              fixed=fixed, tree=tree, rule=rule)
   return greedy, block
 
 
 def chain(k):
-  return decoding.layout(decoding.chain_tree(k))
+  return decoding.chain(k)

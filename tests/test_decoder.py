@@ -22,7 +22,7 @@ def test_cache_len_leaves_room_for_the_last_block():
 
 def test_a_cache_too_short_for_the_blocks_is_refused_naming_the_lengths(tiny):
   model, params = tiny
-  init_state, _, _ = model_lib.decode_fns(model, params)
+  init_state = model_lib.decode_fns(model, params).init
   src_BxS = np.array([[5, 6, 7, 0]], np.int32)
   decoder_lib.check_cache_len(init_state(src_BxS, decoder_lib.cache_len(8, block=4)), 8, block=4)
   short = init_state(src_BxS, decoder_lib.cache_len(8))  # a greedy cache used for blocks of 4
@@ -38,6 +38,6 @@ def test_every_decoder_method_gets_a_long_enough_cache(tiny):
   decoder = decoder_lib.Decoder(model, max_len=6)
   src_BxS = np.array([[5, 6, 7, 0], [8, 9, 0, 0]], np.int32)
   assert decoder.greedy(params, src_BxS).tokens_BxL.shape == (2, 6)
-  for tree in (decoder_lib.chain(4), decoding.layout(((0,), (1,), (0, 0))), decoding.Dynamic(5, 4)):
+  for tree in (decoding.chain(4), decoding.layout(((0,), (1,), (0, 0))), decoding.Dynamic(5, 4)):
     result = decoder.blockwise(params, src_BxS, decoding.EXACT, tree)
     assert result.tokens_BxL.shape == (2, 6)

@@ -22,7 +22,8 @@ def _decode(seed_B, eos_at_B, stub, *, batch_size, k, max_len, criterion):
   """stub: a traced argument (its accuracy and EOS rate are leaves), so examples share compiles."""
   state = stub.init_state(seed_B, eos_at_B, max_len + k + 1)
   fixed = decoding.Fixed(batch_size=batch_size, max_len=max_len, bos_id=BOS, eos_id=EOS)
-  greedy = decoding.greedy(stub.score_fn, state, fixed=fixed)
+  g = decoding.greedy(stub.score_fn, state, fixed=fixed)
+  greedy = (g.tokens_BxL, g.length_B, g.invocations)
   block = decoding.blockwise(decoding.ModelFns(stub.score_fn, stub.propose_fn), state, fixed=fixed,
                              tree=decoding.layout(decoding.chain_tree(k)), rule=criterion)
   return greedy, block
@@ -224,7 +225,7 @@ def test_beam_search_beats_greedy_where_greedy_is_suboptimal():
   stub = MarkovStub(table)
   state = {'dummy_B': jnp.zeros((2,))}
   fixed = decoding.Fixed(batch_size=2, max_len=5, bos_id=BOS, eos_id=EOS)
-  greedy_tokens, _, _ = decoding.greedy(stub.score_fn, state, fixed=fixed)
+  greedy_tokens = decoding.greedy(stub.score_fn, state, fixed=fixed).tokens_BxL
   beam_tokens, scores = decoding.beam_search(stub.score_fn, state, fixed=fixed, beam_size=3, alpha=0.0)
   assert greedy_tokens[0].tolist()[:3] == [A, 5, EOS]
   assert beam_tokens[0, 0].tolist() == [B, EOS, 0, 0, 0]
@@ -239,7 +240,7 @@ def _markov_greedy_and_beam1(table, *, batch, max_len):
   stub = MarkovStub(table)
   state = {'dummy_B': jnp.zeros((batch,))}
   fixed = decoding.Fixed(batch_size=batch, max_len=max_len, bos_id=BOS, eos_id=EOS)
-  greedy_tokens, _, _ = decoding.greedy(stub.score_fn, state, fixed=fixed)
+  greedy_tokens = decoding.greedy(stub.score_fn, state, fixed=fixed).tokens_BxL
   beam_tokens, _ = decoding.beam_search(stub.score_fn, state, fixed=fixed, beam_size=1, alpha=0.0)
   return greedy_tokens, beam_tokens
 

@@ -53,8 +53,10 @@ def _fixed(src):
 
 @functools.partial(jax.jit, static_argnames='model')
 def _greedy(params, src, *, model):
-  init_state, score_fn, _ = model_lib.decode_fns(model, params, num_heads=1)
-  return decoding.greedy(score_fn, init_state(src, MAX_LEN + 1), fixed=_fixed(src))
+  fns = model_lib.decode_fns(model, params, num_heads=1)
+  init_state, score_fn = fns.init, fns.score
+  g = decoding.greedy(score_fn, init_state(src, MAX_LEN + 1), fixed=_fixed(src))
+  return g.tokens_BxL, g.length_B, g.invocations
 
 
 CHAIN = decoding.layout(decoding.chain_tree(K))
@@ -62,7 +64,8 @@ CHAIN = decoding.layout(decoding.chain_tree(K))
 
 @functools.partial(jax.jit, static_argnames=('model', 'tree'))
 def _blockwise(params, src, *, model, tree=CHAIN):
-  init_state, score_fn, propose_fn, expand_fn = model_lib.decode_fns(model, params, with_expand=True)
+  fns = model_lib.decode_fns(model, params)
+  init_state, score_fn, propose_fn, expand_fn = fns.init, fns.score, fns.propose, fns.expand
   return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn),
                             init_state(src, MAX_LEN + tree.num_nodes + 1), fixed=_fixed(src), tree=tree,
                             rule=decoding.EXACT)
@@ -124,7 +127,7 @@ def test_proposals_never_leave_the_draft_set(subjects, head_type):
   hidden = jnp.asarray(rng.normal(size=(16, model.config.d_model)), jnp.float32)
   if head_type == 'sequential':
     hidden = {'hidden_BxTxD': hidden, 'first_BxT': jnp.asarray(rng.randint(0, VOCAB, size=16), jnp.int32)}
-  through_fns = jax.jit(lambda p, h: model_lib.decode_fns(model, p)[2](h))(params, hidden)
+  through_fns = jax.jit(lambda p, h: model_lib.decode_fns(model, p).propose(h))(params, hidden)
   apply = functools.partial(jax.jit(model.apply, static_argnames='method'), method=model_lib.Transformer.propose)
   alone = apply({'params': params}, hidden)
   reference = jax.jit(full.apply, static_argnames='method')({'params': params}, hidden,

@@ -162,7 +162,8 @@ def test_decode_time_proposals_equal_the_teacher_forced_heads(subject, decoded):
 
   @jax.jit
   def cached(params, src, tgt_in):
-    init_state, score_fn, propose_fn = model_lib.decode_fns(model, params)
+    fns = model_lib.decode_fns(model, params)
+    init_state, score_fn, propose_fn = fns.init, fns.score, fns.propose
     state = init_state(src, T + K + 1)
     first_logits, first_hidden, state = score_fn(state, tgt_in[:, :8], jnp.zeros((B,), jnp.int32))
     rest_logits, rest_hidden, _ = score_fn(state, tgt_in[:, 8:], jnp.full((B,), 8, jnp.int32))
@@ -296,7 +297,8 @@ def test_static_trees_are_refused_with_sequential_heads(subject, tmp_path):
 
   @jax.jit
   def tree_decode(params, src):
-    init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=2)
+    fns = model_lib.decode_fns(model, params, num_heads=2)
+    init_state, score_fn, propose_fn = fns.init, fns.score, fns.propose
     return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache), init_state(src, 16),
                               fixed=decoding.Fixed(batch_size=2, max_len=8, bos_id=BOS, eos_id=EOS),
                               tree=decoding.layout(((0,), (1,), (0, 0))))
@@ -326,7 +328,8 @@ def test_expand_runs_the_head_from_each_parents_token(subject):
 
   @jax.jit
   def heads(params, src):
-    init_state, score_fn, propose_fn, expand_fn = model_lib.decode_fns(model, params, with_expand=True)
+    fns = model_lib.decode_fns(model, params)
+    init_state, score_fn, propose_fn, expand_fn = fns.init, fns.score, fns.propose, fns.expand
     _, hidden, _ = score_fn(init_state(src, 8), jnp.full((4, 1), BOS, jnp.int32), jnp.zeros((4,), jnp.int32))
     hidden = jax.tree.map(lambda x: x[:, 0], hidden)
     proposed_BxKm1xV = propose_fn(hidden)

@@ -81,11 +81,12 @@ def test_cached_local_decoder_matches_blockwise_full_sequence(block, image_sides
 
   @jax.jit
   def score_and_propose(params, state, tokens_BxT, start_B):
-    _, score_fn, propose_fn = model_lib.decode_fns(model, params)
+    fns = model_lib.decode_fns(model, params)
+    score_fn, propose_fn = fns.score, fns.propose
     logits, hidden, state = score_fn(state, tokens_BxT, start_B)
     return logits, propose_fn(jax.tree.map(lambda x: x[:, -1], hidden)), state
 
-  init_state = jax.jit(lambda p, src: model_lib.decode_fns(model, p)[0](src, T + 3))
+  init_state = jax.jit(lambda p, src: model_lib.decode_fns(model, p).init(src, T + 3))
   state = init_state(params, src)
 
   def feed(start_B, tokens_BxT=None):
@@ -126,7 +127,8 @@ def test_attention_block_zero_is_the_plain_path():
 
   @jax.jit
   def first_call(params, src, tgt):
-    init_state, score_fn, _ = model_lib.decode_fns(local_model, params)
+    fns = model_lib.decode_fns(local_model, params)
+    init_state, score_fn = fns.init, fns.score
     return score_fn(init_state(src, 12), tgt, jnp.zeros((3,), jnp.int32))[0]
   np.testing.assert_allclose(np.asarray(first_call(params, src, tgt)), np.asarray(plain[:, :, 0]), atol=1e-4)
 

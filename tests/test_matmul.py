@@ -212,7 +212,8 @@ def test_verification_logits_are_greedy_steps_logits_bit_for_bit(tiny_model):
   @jax.jit
   def run(params, packed):
     with matmul.use('skinny'):
-      init_state, score_fn, _ = model_lib.decode_fns(model, params, packed=packed)
+      fns = model_lib.decode_fns(model, params, packed=packed)
+      init_state, score_fn = fns.init, fns.score
       state = init_state(src, 16)
       block, _, _ = score_fn(state, tokens, jnp.array([0, 0]))
       steps = []
@@ -236,7 +237,7 @@ def test_decoder_on_the_kernel_decodes_exactly(tiny_model):
   src = np.random.default_rng(6).integers(4, 97, (3, 7)).astype(np.int32)
   for p in (params, jax.tree.map(lambda a: a * 1.01, params)):
     greedy = decoder.greedy(p, src)
-    for tree in (decoder_lib.chain(4), trees.parse_tree_spec("dynamic:6", 4, vocab_size=97)):
+    for tree in (decoding.chain(4), trees.parse_tree_spec("dynamic:6", 4, vocab_size=97)):
       out = decoder.blockwise(p, src, decoding.EXACT, tree)
       np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL))
   xla = decoder_lib.Decoder(model, max_len=12, matmul_kernel='xla', eos_id=-1)

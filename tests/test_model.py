@@ -52,7 +52,8 @@ def test_cached_decoder_matches_full_recompute(toy_model):
   tgt_in = np.concatenate([np.full((B, 1), BOS), tgt[:, :-1]], axis=1)
   full_BxTxKxV = np.asarray(jax.jit(model.apply)({'params': params}, jnp.asarray(src), jnp.asarray(tgt_in)))
 
-  init_state, score_fn, _ = model_lib.decode_fns(model, params)
+  fns = model_lib.decode_fns(model, params)
+  init_state, score_fn = fns.init, fns.score
   init_state, score_fn = jax.jit(init_state, static_argnums=1), jax.jit(score_fn)
   state = init_state(jnp.asarray(src), SRC_LEN + 8)
   logits, _, state = score_fn(state, jnp.asarray(tgt_in[:, :4]), jnp.zeros((B,), jnp.int32))
@@ -128,7 +129,8 @@ def test_bfloat16_decoding_projects_onto_the_vocabulary_in_bfloat16(head_type):
   config = model_lib.model_config('tiny', vocab_size=24, k=3, d_model=32, dtype='bfloat16', head_type=head_type)
   model = model_lib.Transformer(config)
   params = model_lib.init_params(config, jax.random.PRNGKey(0))
-  init_state, score_fn, propose_fn = model_lib.decode_fns(model, params)
+  fns = model_lib.decode_fns(model, params)
+  init_state, score_fn, propose_fn = fns.init, fns.score, fns.propose
 
   def score_and_propose(src):
     logits, hidden, _ = score_fn(init_state(src, 16), jnp.full((1, 2), 5, jnp.int32), jnp.zeros((1,), jnp.int32))

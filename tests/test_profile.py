@@ -34,7 +34,7 @@ def test_loop_programs_include_each_tree_with_its_iterations_as_trip_count():
   model = model_lib.Transformer(config)
   params = model_lib.init_params(config, jax.random.PRNGKey(0))
   max_len = 6
-  state = jax.jit(lambda p, s: model_lib.decode_fns(model, p)[0](s, max_len + 4 + 1))(params, jnp.ones((1, 5), jnp.int32))
+  state = jax.jit(lambda p, s: model_lib.decode_fns(model, p).init(s, max_len + 4 + 1))(params, jnp.ones((1, 5), jnp.int32))
   programs = bench_decode.loop_programs(model, params, state, [3], max_len, tree_specs=['dynamic:4'])
   assert list(programs) == ['greedy', 'blockwise k=3', 'dynamic:4 k=3']
   jitted, args, kwargs, iterations = programs['dynamic:4 k=3']

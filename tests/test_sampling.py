@@ -25,8 +25,7 @@ def fixed_score_fn(state, tokens_BxT, start):
 @functools.partial(jax.jit, static_argnames=('rows', 'steps'))
 def sample_fixed(key, temperature, rows=ROWS, steps=STEPS):
   fixed = decoding.Fixed(batch_size=rows, max_len=steps, bos_id=stubs.BOS, eos_id=stubs.EOS)
-  tokens_BxL, _, _ = decoding.greedy(decoder_lib.sampling_score_fn(fixed_score_fn, key, temperature), {}, fixed=fixed)
-  return tokens_BxL
+  return decoding.greedy(decoder_lib.sampling_score_fn(fixed_score_fn, key, temperature), {}, fixed=fixed).tokens_BxL
 
 
 def test_samples_follow_softmax_of_logits_over_temperature():
@@ -44,8 +43,8 @@ def test_sampling_is_reproducible_for_a_seed_and_differs_from_greedy_where_it_mu
   assert not np.array_equal(a, np.asarray(sample_fixed(jax.random.PRNGKey(4), 1.0)))
   # Greedy takes the most likely word (probability 0.7) everywhere; a sampled row of 8 equals that with
   # probability 0.7**8 < 0.06, so among 2000 rows some (by the law of large numbers, about 94%) differ.
-  greedy, _, _ = decoding.greedy(fixed_score_fn, {}, fixed=decoding.Fixed(batch_size=ROWS, max_len=STEPS,
-                                                                          bos_id=stubs.BOS, eos_id=stubs.EOS))
+  greedy = decoding.greedy(fixed_score_fn, {}, fixed=decoding.Fixed(batch_size=ROWS, max_len=STEPS, bos_id=stubs.BOS,
+                                                                     eos_id=stubs.EOS)).tokens_BxL
   assert (np.asarray(greedy) == stubs.FIRST_WORD).all()
   differs = np.mean(np.any(a != np.asarray(greedy), axis=1))
   assert abs(differs - (1 - 0.7 ** STEPS)) < 0.03
@@ -59,8 +58,8 @@ def test_sampling_near_zero_temperature_is_greedy_on_the_prefix_hashing_stub():
 
   def run(score_fn):
     fixed = decoding.Fixed(batch_size=16, max_len=40, bos_id=stubs.BOS, eos_id=stubs.EOS)
-    tokens_BxL, length_B, _ = decoding.greedy(score_fn, stub.init_state(seed_B, eos_at_B, 41), fixed=fixed)
-    return np.asarray(tokens_BxL), np.asarray(length_B)
+    out = decoding.greedy(score_fn, stub.init_state(seed_B, eos_at_B, 41), fixed=fixed)
+    return np.asarray(out.tokens_BxL), np.asarray(out.length_B)
 
   greedy_tokens, greedy_length = run(stub.score_fn)
   sampled_tokens, sampled_length = run(decoder_lib.sampling_score_fn(stub.score_fn, jax.random.PRNGKey(0), 1e-6))

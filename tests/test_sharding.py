@@ -132,7 +132,7 @@ def _worker_decoding_agrees():
     assert batch_size == (12 if name == '1' else 16)
     greedy, _ = decoder_lib.run_batches(lambda src: decoder.greedy(placed, src).tokens_BxL, src_ids, batch_size)
     block, _ = decoder_lib.run_batches(
-        lambda src: decoder.blockwise(placed, src, decoding.EXACT, decoder_lib.chain(3)), src_ids, batch_size)
+        lambda src: decoder.blockwise(placed, src, decoding.EXACT, decoding.chain(3)), src_ids, batch_size)
     outputs[name] = (np.stack(greedy), np.stack([o.tokens_BxL for o in block]))
   np.testing.assert_array_equal(outputs['8'][0], outputs['1'][0])
   np.testing.assert_array_equal(outputs['8'][1], outputs['1'][1])

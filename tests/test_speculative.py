@@ -107,9 +107,9 @@ def test_the_enumerated_distribution_is_what_ancestral_sampling_draws():
   @jax.jit
   def ancestral(key):
     score_fn = decoder_lib.sampling_score_fn(stub.score_fn, key, jnp.float32(0.6))
-    tokens, length, _ = decoding.greedy(score_fn, stub.init_state(jnp.full((SAMPLES,), SEED, jnp.uint32), 4),
-                                        fixed=decoding.Fixed(batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS))
-    return tokens, length
+    out = decoding.greedy(score_fn, stub.init_state(jnp.full((SAMPLES,), SEED, jnp.uint32), 4),
+                          fixed=decoding.Fixed(batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS))
+    return out.tokens_BxL, out.length_B
 
   assert_matches_ancestral(ancestral(jax.random.PRNGKey(1)), stub, 3, 0.6)
 
@@ -160,9 +160,9 @@ def test_truncated_ancestral_sampling_is_the_enumerated_truncated_distribution(t
   @jax.jit
   def ancestral(key):
     score_fn = decoder_lib.sampling_score_fn(stub.score_fn, key, jnp.float32(0.8), top_k, top_p)
-    tokens, length, _ = decoding.greedy(score_fn, stub.init_state(jnp.full((SAMPLES,), SEED, jnp.uint32), 4),
-                                        fixed=decoding.Fixed(batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS))
-    return tokens, length
+    out = decoding.greedy(score_fn, stub.init_state(jnp.full((SAMPLES,), SEED, jnp.uint32), 4),
+                          fixed=decoding.Fixed(batch_size=SAMPLES, max_len=3, bos_id=BOS, eos_id=EOS))
+    return out.tokens_BxL, out.length_B
 
   samples = ancestral(jax.random.PRNGKey(3))
   assert_matches_ancestral(samples, stub, 3, 0.8, top_k, top_p)

@@ -168,7 +168,7 @@ def test_near_zero_temperature_block_verification_is_greedy_on_the_real_model(re
   decoder = decoder_lib.Decoder(model, max_len=10, eos_id=1)
   src = np.random.RandomState(1).randint(3, 24, size=(4, 6)).astype(np.int32)
   greedy = decoder.greedy(params, src)
-  chain = decoder_lib.chain(3)
+  chain = decoding.chain(3)
   cold = decoder.blockwise(params, src, speculative.Sampling(temperature=1e-6, verify='block'), chain, seed=0)
   np.testing.assert_array_equal(np.asarray(cold.tokens_BxL), np.asarray(greedy.tokens_BxL))
   np.testing.assert_array_equal(np.asarray(cold.length_B), np.asarray(greedy.length_B))

@@ -47,13 +47,15 @@ def test_scalar_start_greedy_equals_per_row_start_greedy_on_the_real_model(toy_m
 
   @jax.jit
   def both(params, src):
-    init_state, score_fn, _ = model_lib.decode_fns(model, params, num_heads=1)
+    fns = model_lib.decode_fns(model, params, num_heads=1)
+    init_state, score_fn = fns.init, fns.score
     state = init_state(src, 15)
     per_row = lambda s, t, start: score_fn(s, t, jnp.broadcast_to(start, (src.shape[0],)))
     kwargs = dict(fixed=decoding.Fixed(batch_size=src.shape[0], max_len=14, bos_id=BOS, eos_id=EOS))
     return decoding.greedy(score_fn, state, **kwargs), decoding.greedy(per_row, state, **kwargs)
 
-  (scalar_tokens, scalar_length, _), (row_tokens, row_length, _) = both(params, jnp.asarray(src))
+  scalar, row = both(params, jnp.asarray(src))
+  scalar_tokens, scalar_length, row_tokens, row_length = scalar.tokens_BxL, scalar.length_B, row.tokens_BxL, row.length_B
   np.testing.assert_array_equal(np.asarray(scalar_tokens), np.asarray(row_tokens))
   np.testing.assert_array_equal(np.asarray(scalar_length), np.asarray(row_length))
 
@@ -62,8 +64,8 @@ def test_scalar_start_on_the_stub():
   stub = stubs.Stub(vocab_size=20, k=1)
   seeds, eos_at = np.arange(4) + 11, np.array([5, 9, 30, 2])
   state = stub.init_state(jnp.asarray(seeds), jnp.asarray(eos_at), 21)
-  tokens, _, _ = decoding.greedy(stub.score_fn, state, fixed=decoding.Fixed(batch_size=4, max_len=20, bos_id=BOS,
-                                                                            eos_id=EOS))
+  tokens = decoding.greedy(stub.score_fn, state, fixed=decoding.Fixed(batch_size=4, max_len=20, bos_id=BOS,
+                                                                      eos_id=EOS)).tokens_BxL
   np.testing.assert_array_equal(np.asarray(tokens), stub.reference_greedy(seeds, eos_at, 20))
 
 
@@ -75,7 +77,8 @@ def test_decoding_with_fewer_heads_proposes_what_the_full_model_does(toy_model):
   tgt_in = np.concatenate([np.full((3, 1), BOS), tgt[:, :-1]], axis=1)
   full_BxTxKxV = np.asarray(jax.jit(model.apply)({'params': params}, jnp.asarray(src), jnp.asarray(tgt_in)))
   for heads in range(2, config.k + 1):
-    init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=heads)
+    fns = model_lib.decode_fns(model, params, num_heads=heads)
+    init_state, score_fn, propose_fn = fns.init, fns.score, fns.propose
     _, hidden_BxTxD, _ = score_fn(init_state(jnp.asarray(src), 12), jnp.asarray(tgt_in), jnp.int32(0))
     proposals_BxHxV = np.asarray(propose_fn(hidden_BxTxD[:, 4]))
     np.testing.assert_allclose(proposals_BxHxV, full_BxTxKxV[:, 4, 1:heads], atol=1e-4)

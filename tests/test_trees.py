@@ -417,7 +417,8 @@ def test_tree_scores_match_full_recompute(toy_model, attention_block):
   prefix = rng.randint(3, 24, size=(B, 5))
   prefix[:, 0] = TOY_BOS
   nodes = rng.randint(3, 24, size=(B, N))
-  init_state, score_fn, _ = model_lib.decode_fns(model, params)
+  fns = model_lib.decode_fns(model, params)
+  init_state, score_fn = fns.init, fns.score
   tree = decoding.mask_arg(layout)
   score_tree = jax.jit(lambda state, tokens, start: score_fn(state, tokens, start, tree))
   init_state, score_fn = jax.jit(init_state, static_argnums=1), jax.jit(score_fn)
@@ -443,11 +444,13 @@ def test_tree_scores_match_full_recompute(toy_model, attention_block):
 def _real_decode(params, src, *, model, tree, max_len):
   """Greedy (tree None), or blockwise over the tree (a Layout or a Dynamic) with its first tree.depth heads."""
   k = 1 if tree is None else tree.depth
-  init_state, score_fn, propose_fn = model_lib.decode_fns(model, params, num_heads=k)
+  fns = model_lib.decode_fns(model, params, num_heads=k)
+  init_state, score_fn, propose_fn = fns.init, fns.score, fns.propose
   state = init_state(src, max_len + (1 if tree is None else tree.num_nodes) + 1)
   fixed = decoding.Fixed(batch_size=src.shape[0], max_len=max_len, bos_id=TOY_BOS, eos_id=TOY_EOS)
   if tree is None:
-    return decoding.greedy(score_fn, state, fixed=fixed)
+    g = decoding.greedy(score_fn, state, fixed=fixed)
+    return g.tokens_BxL, g.length_B, g.invocations
   return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache), state, fixed=fixed,
                             tree=tree)
 
