@@ -25,7 +25,6 @@ import math
 import jax
 import jax.numpy as jnp
 from absl import logging
-from jax import lax
 
 from bpd.errors import UserError
 

@@ -21,7 +21,7 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
                        README, "Output prior".
   model.head_type      independent (the paper's proposal heads) | sequential (head i + 1 also sees the token
                        proposed for the position before, teacher-forced in training; Hydra, Ankner et al. 2024;
-                       chains only, no trees: bpd/model.py ModelConfig.head_type).
+                       chains and context-aware dynamic:N trees, not static trees: bpd/model.py ModelConfig.head_type).
   model.draft_vocab    R > 0: the proposal heads draft from the R most frequent training target tokens only (their
                        projection reads R rows, not V; verification keeps the whole vocabulary, so exact decoding
                        stays greedy's); 0 = off. Counted at training, kept in model.json; at decode time this

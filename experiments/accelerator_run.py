@@ -65,6 +65,7 @@ from bpd import errors
 from bpd import evaluate
 from bpd import metrics
 from bpd import model as model_lib
+from bpd import report
 from bpd import speculative
 from bpd import stack
 from bpd import tasks
@@ -202,6 +203,20 @@ def _fmt(value, spec='.2f', suffix=''):
   return '—' if value is None else f'{value:{spec}}{suffix}'
 
 
+# One table per model (report.markdown_table); an untrained model's rows leave out tokens / iteration and speedup.
+TABLE_COLUMNS = [
+    ('decoder', 'decoder', '{}'), ('batch_size', 'batch', '{}'),
+    (None, 'tokens / iteration', lambda r: _fmt(r['tokens_per_iteration'])),
+    ('ms_per_batch', 'ms per batch', '{:.2f}'),
+    (None, 'baseline ms per batch', lambda r: _fmt(r['baseline_ms_per_batch'])),
+    (None, 'speedup', lambda r: _fmt(r['speedup'], '.2f', 'x')),
+    (None, 'call price (per baseline step)', lambda r: _fmt(r['call_price'])),
+    (None, 'identical to greedy', lambda r: _fmt(r['identical'], '.3f')),
+    (None, 'calls per pass (baseline)', lambda r: f"{r['calls']} ({_fmt(r['baseline_calls'], 'd')})"),
+    ('first_pass_s', 'first pass s', '{:.1f}'),
+]
+
+
 def markdown(record: dict) -> str:
   """The record as markdown: how it was run, then one table per model."""
   env, plan = record['environment'], record['plan']
@@ -215,7 +230,7 @@ def markdown(record: dict) -> str:
       + (f"; nvidia-smi: {env['nvidia_smi']}" if env['nvidia_smi'] else '')
       + (f"; CUDA (driver API) {env['cuda_driver_api']}" if env['cuda_driver_api'] else ''),
       f"- **Software**: Python {env['python']}, {versions}",
-      f"- **Precision**: float32 parameters and activations, jax.default_matmul_precision('highest').",
+      "- **Precision**: float32 parameters and activations, jax.default_matmul_precision('highest').",
       f"- **Time**: {record['elapsed_s']:.0f} s of a {record['budget_s']:.0f} s budget"
       + (f"; {record['status']}" if record.get('status') else ''),
       f"- **Plan**: random models {', '.join(plan['sizes'])} (vocabulary {plan['vocab_size']}, {plan['random_max_len']}"
@@ -238,22 +253,8 @@ def markdown(record: dict) -> str:
   for name, rows in record['models'].items():
     trained = rows and rows[0].get('trained')
     lines += ['', f'## {name}', '']
-    if trained:
-      lines += ['| decoder | batch | tokens / iteration | ms per batch | baseline ms per batch | speedup | '
-                'call price (per baseline step) | identical to greedy | calls per pass (baseline) | first pass s |',
-                '|---' * 10 + '|']
-      for r in rows:
-        lines.append(f"| {r['decoder']} | {r['batch_size']} | {_fmt(r['tokens_per_iteration'])} | "
-                     f"{r['ms_per_batch']:.2f} | {_fmt(r['baseline_ms_per_batch'])} | "
-                     f"{_fmt(r['speedup'], '.2f', 'x')} | {_fmt(r['call_price'])} | {_fmt(r['identical'], '.3f')} | "
-                     f"{r['calls']} ({_fmt(r['baseline_calls'], 'd')}) | {r['first_pass_s']:.1f} |")
-    else:
-      lines += ['| decoder | batch | ms per batch | baseline ms per batch | calls per pass (baseline) | '
-                'call price (per baseline step) | identical to greedy | first pass s |', '|---' * 8 + '|']
-      for r in rows:
-        lines.append(f"| {r['decoder']} | {r['batch_size']} | {r['ms_per_batch']:.2f} | "
-                     f"{_fmt(r['baseline_ms_per_batch'])} | {r['calls']} ({_fmt(r['baseline_calls'], 'd')}) | "
-                     f"{_fmt(r['call_price'])} | {_fmt(r['identical'], '.3f')} | {r['first_pass_s']:.1f} |")
+    columns = [c for c in TABLE_COLUMNS if trained or c[1] not in ('tokens / iteration', 'speedup')]
+    lines.append(report.markdown_table(rows, columns))
   if record.get('accounting'):
     lines += ['', '## A chain iteration against a greedy step, accounted (experiments/bench_decode.py)', '']
     for size, table in record['accounting'].items():
@@ -386,13 +387,14 @@ def settings(plan: Plan, tree_spec: str, tree_paths):
   """(name, kind, k, tree) of every decoder after greedy, tree the one it decodes over (a decoding.Layout, the chain
   for chains and speculative sampling, or a Dynamic); those needing more heads than the model has are left out by
   the caller."""
-  out = [(f'chain k = {k}, exact', 'chain', k, decoder_lib.chain(k)) for k in plan.chain_ks]
-  out.append((f'tree {tree_spec.split(" ")[0]} ({len(tree_paths)} nodes), exact', 'tree',
-              max(len(p) for p in tree_paths), decoding.layout(tuple(tuple(p) for p in tree_paths))))
+  out = [(f'chain k = {k}, exact', 'chain', k, decoding.chain(k)) for k in plan.chain_ks]
+  depth = max(len(p) for p in tree_paths)
+  out.append((f'tree {tree_spec.split(" ")[0]} ({len(tree_paths)} nodes), exact', 'tree', depth,
+              decoding.layout(decoding.check_tree(tuple(tuple(p) for p in tree_paths), depth))))
   k = max(plan.chain_ks)
   out.append((f'{plan.dynamic} k = {k}, exact', 'dynamic', k, trees.parse_tree_spec(plan.dynamic, k)))
   out.append((f'speculative sampling k = {plan.speculative_k}, T = {TEMPERATURE:g}', 'speculative', plan.speculative_k,
-              decoder_lib.chain(plan.speculative_k)))
+              decoding.chain(plan.speculative_k)))
   return out
 
 
