@@ -596,49 +596,83 @@ class Dynamic:
                       f'with beam {self.beam} and {min(self.ranks, vocab_size)} ranks per head.')
 
   def build(self, head1_BxV, children) -> RowTree:
-    """Every row's tree. head1_BxV: head 1's logits at the last accepted position (the root is their argmax).
-    children(d, parents_BxW) -> logits [B, W or 1, V]: head d + 1's, for the children of the W beam nodes at depth
-    d - 1, whose tokens are parents_BxW; 1 in place of W where every parent gets the same (independent heads)."""
-    B, depth = head1_BxV.shape[0], self.depth
+    """Every row's tree: `candidate_nodes`, then `choose`. head1_BxV: head 1's logits at the last accepted position
+    (the root is their argmax). children(d, parents_BxW) -> logits [B, W or 1, V]: head d + 1's, for the children of
+    the W beam nodes at depth d - 1, whose tokens are parents_BxW; 1 in place of W where every parent gets the same
+    (independent heads)."""
     ranks = min(self.ranks, head1_BxV.shape[-1])
-    root_B = argmax(head1_BxV)
-    # Candidates in depth order: the root, then beam x ranks per depth below it. Each with (score, token, depth,
-    # rank, parent candidate).
-    score, token, cand_depth, cand_rank = [jnp.zeros((B, 1))], [root_B[:, None]], [0], [0]
+
+    def top_ranks(d, parents_BxW):
+      return jax.lax.top_k(jax.nn.log_softmax(children(d, parents_BxW).astype(jnp.float32)), ranks)
+    return self.choose(self.candidate_nodes(argmax(head1_BxV), top_ranks, ranks))
+
+  def candidate_nodes(self, root_B, top_ranks, ranks: int) -> 'Candidates':
+    """All the nodes `choose` picks from, in depth order: the root (token root_B), then per depth d = 1 .. depth - 1
+    beam slot x rank. top_ranks(d, parents_BxW) -> (logp, token) [B, W or 1, ranks]: the `ranks` best log-probabilities
+    of head d + 1 and their tokens, for the children of the W beam nodes at depth d - 1 (tokens parents_BxW). A
+    node's score is its parent's plus its own log-probability, summed in float32 in this order; each depth keeps the
+    `beam` best (lax.top_k: the lower index first on ties) as the parents of the next."""
+    B = root_B.shape[0]
+    score, token, cand_depth, cand_rank = [jnp.zeros((B, 1))], [root_B[:, None].astype(jnp.int32)], [0], [0]
     cand_parent = [jnp.full((B, 1), -1, jnp.int32)]
+    path = [jnp.full((B, 1, self.depth), -1, jnp.int32).at[:, :, 0].set(0)]
+    in_beam = [jnp.ones((B, 1), bool)]
     beam_score_BxW, beam_index_BxW, beam_token_BxW = jnp.zeros((B, 1)), jnp.zeros((B, 1), jnp.int32), root_B[:, None]
+    beam_path_BxWxD = path[0]
     offset = 1
-    for d in range(1, depth):
+    for d in range(1, self.depth):
       W = beam_score_BxW.shape[1]
-      logp_BxWxR, token_BxWxR = jax.lax.top_k(jax.nn.log_softmax(children(d, beam_token_BxW).astype(jnp.float32)),
-                                              ranks)
+      logp_BxWxR, token_BxWxR = top_ranks(d, beam_token_BxW)
       child_BxWxR = beam_score_BxW[:, :, None] + logp_BxWxR  # broadcasts a shared [B, 1, R] over the beam
       child_BxM = child_BxWxR.reshape(B, W * ranks)
       token_BxM = jnp.broadcast_to(token_BxWxR, (B, W, ranks)).reshape(B, W * ranks).astype(jnp.int32)
+      child_path_BxMxD = jnp.repeat(beam_path_BxWxD, ranks, axis=1).at[:, :, d].set(
+          jnp.tile(jnp.arange(ranks, dtype=jnp.int32), W))
       score.append(child_BxM)
       token.append(token_BxM)
+      path.append(child_path_BxMxD)
       cand_depth += [d] * (W * ranks)
       cand_rank += list(range(ranks)) * W
       cand_parent.append(jnp.repeat(beam_index_BxW, ranks, axis=1))  # [B, W * R]
       beam_score_BxW, pick_BxW = jax.lax.top_k(child_BxM, min(self.beam, W * ranks))
+      in_beam.append(jnp.zeros((B, W * ranks), bool).at[jnp.arange(B)[:, None], pick_BxW].set(True))
       beam_index_BxW = offset + pick_BxW.astype(jnp.int32)
       beam_token_BxW = jnp.take_along_axis(token_BxM, pick_BxW, axis=1)
+      beam_path_BxWxD = jnp.take_along_axis(child_path_BxMxD, pick_BxW[:, :, None], axis=1)
       offset += W * ranks
-    score_BxM, token_BxM = jnp.concatenate(score, axis=1), jnp.concatenate(token, axis=1)
-    parent_BxM = jnp.concatenate(cand_parent, axis=1)
-    M = score_BxM.shape[1]
+    return Candidates(score_BxM=jnp.concatenate(score, axis=1), token_BxM=jnp.concatenate(token, axis=1),
+                      parent_BxM=jnp.concatenate(cand_parent, axis=1), path_BxMxD=jnp.concatenate(path, axis=1),
+                      in_beam_BxM=jnp.concatenate(in_beam, axis=1), depth_M=tuple(cand_depth),
+                      rank_M=tuple(cand_rank), num_ranks=ranks)
+
+  def choose(self, c: 'Candidates') -> RowTree:
+    """The `num_nodes` best candidates of every row, as its tree."""
+    B, M = c.score_BxM.shape
     # The N best; lax.top_k puts the lower index first on ties, and candidates are in depth order, so a child
     # that ties its parent comes after it. Sorted by index: depth order, so parents precede their children.
-    chosen_BxN = jnp.sort(jax.lax.top_k(score_BxM, self.num_nodes)[1], axis=1).astype(jnp.int32)
+    chosen_BxN = jnp.sort(jax.lax.top_k(c.score_BxM, self.num_nodes)[1], axis=1).astype(jnp.int32)
     position_BxM = jnp.full((B, M), -1, jnp.int32).at[jnp.arange(B)[:, None], chosen_BxN].set(
         jnp.arange(self.num_nodes, dtype=jnp.int32))
-    parent_cand_BxN = jnp.take_along_axis(parent_BxM, chosen_BxN, axis=1)
+    parent_cand_BxN = jnp.take_along_axis(c.parent_BxM, chosen_BxN, axis=1)
     parent_BxN = jnp.where(parent_cand_BxN < 0, -1,
                            jnp.take_along_axis(position_BxM, jnp.maximum(parent_cand_BxN, 0), axis=1))
-    depth_BxN = jnp.asarray(np.array(cand_depth, np.int32))[chosen_BxN]
-    rank_BxN = jnp.asarray(np.array(cand_rank, np.int32))[chosen_BxN]
-    return row_tree(depth_BxN, rank_BxN, parent_BxN, jnp.take_along_axis(token_BxM, chosen_BxN, axis=1), depth,
-                    ranks)
+    depth_BxN = jnp.asarray(np.array(c.depth_M, np.int32))[chosen_BxN]
+    rank_BxN = jnp.asarray(np.array(c.rank_M, np.int32))[chosen_BxN]
+    return row_tree(depth_BxN, rank_BxN, parent_BxN, jnp.take_along_axis(c.token_BxM, chosen_BxN, axis=1),
+                    self.depth, c.num_ranks)
+
+
+@flax.struct.dataclass
+class Candidates:
+  """The nodes a context-aware tree is chosen from (`Dynamic.candidate_nodes`), M per row, in depth order."""
+  score_BxM: jax.Array     # float32; the sum of the log-probabilities along the node's path (the root's 0)
+  token_BxM: jax.Array     # int32
+  parent_BxM: jax.Array    # int32; the parent's candidate index, -1 for the root
+  path_BxMxD: jax.Array    # int32; the ranks from the root (rank 0) to the node, -1 past its depth
+  in_beam_BxM: jax.Array   # bool; kept in its depth's beam, so that its children are candidates
+  depth_M: tuple = flax.struct.field(pytree_node=False)  # the same for every row (tuples: hashable static data)
+  rank_M: tuple = flax.struct.field(pytree_node=False)
+  num_ranks: int = flax.struct.field(pytree_node=False)
 
 
 def tree_arrays(tree: Layout | RowTree, batch: int) -> dict:

@@ -264,32 +264,22 @@ def teacher_forced_trees(model, params, src_ids, greedy_ids, policies, batch_siz
 
 
 def candidates(logp_PxDm1xR, beam: int) -> dict:
-  """Dynamic.build's candidate nodes, recomputed in numpy from the same top-r log-probabilities and in build's order
-  (the root, then per depth: beam slot x rank; float32 sums in build's order; lax.top_k's ties, the lower index
-  first, by a stable sort). score_PxM; depth_M; path_PxMxD: the ranks from the root to the node (-1 past its
-  depth); in_beam_PxM: kept in the beam at its depth, so that its children are candidates."""
+  """Dynamic's candidate nodes (`decoding.Dynamic.candidate_nodes`, the decoder's own code) from the measured top-r
+  log-probabilities of heads 2..D (independent heads: every parent at a depth gets the same r choices). score_PxM;
+  depth_M; path_PxMxD: the ranks from the root to the node (-1 past its depth); in_beam_PxM: kept in the beam at its
+  depth, so that its children are candidates."""
   P, Dm1, R = logp_PxDm1xR.shape
-  rows_Px1 = np.arange(P)[:, None]
-  beam_score_PxW = np.zeros((P, 1), np.float32)
-  beam_path_PxWxD = np.full((P, 1, Dm1 + 1), -1, np.int32)
-  beam_path_PxWxD[:, :, 0] = 0
-  score, path, in_beam, depth = [beam_score_PxW], [beam_path_PxWxD], [np.ones((P, 1), bool)], [0]
-  for d in range(1, Dm1 + 1):
-    W = beam_score_PxW.shape[1]
-    child_PxWR = (beam_score_PxW[:, :, None] + logp_PxDm1xR[:, None, d - 1, :].astype(np.float32)).reshape(P, W * R)
-    child_path_PxWRxD = np.repeat(beam_path_PxWxD, R, axis=1)
-    child_path_PxWRxD[:, :, d] = np.tile(np.arange(R), W)
-    pick_PxW = np.argsort(-child_PxWR, axis=1, kind='stable')[:, :min(beam, W * R)]
-    kept_PxWR = np.zeros((P, W * R), bool)
-    kept_PxWR[rows_Px1, pick_PxW] = True
-    score.append(child_PxWR)
-    path.append(child_path_PxWRxD)
-    in_beam.append(kept_PxWR)
-    depth += [d] * (W * R)
-    beam_score_PxW = np.take_along_axis(child_PxWR, pick_PxW, axis=1)
-    beam_path_PxWxD = np.take_along_axis(child_path_PxWRxD, pick_PxW[:, :, None], axis=1)
-  return {'score_PxM': np.concatenate(score, axis=1), 'depth_M': np.array(depth),
-          'path_PxMxD': np.concatenate(path, axis=1), 'in_beam_PxM': np.concatenate(in_beam, axis=1)}
+  policy = decoding.Dynamic(num_nodes=1, depth=Dm1 + 1, beam=beam, ranks=R)
+
+  @jax.jit
+  def nodes(logp_PxDm1xR):  # the tokens do not matter here: rank r stands for head d + 1's r-th choice
+    top_ranks = lambda d, _: (logp_PxDm1xR[:, None, d - 1, :].astype(jnp.float32),
+                              jnp.broadcast_to(jnp.arange(R, dtype=jnp.int32), (P, 1, R)))
+    return policy.candidate_nodes(jnp.zeros((P,), jnp.int32), top_ranks, R)
+
+  c = jax.device_get(nodes(jnp.asarray(logp_PxDm1xR)))
+  return {'score_PxM': np.asarray(c.score_BxM), 'depth_M': np.array(c.depth_M), 'path_PxMxD': np.asarray(c.path_BxMxD),
+          'in_beam_PxM': np.asarray(c.in_beam_BxM)}
 
 
 def accepted_on_tree(tree: dict, y_PxD, available_P) -> np.ndarray:
@@ -387,8 +377,8 @@ def stop_tables(stats: dict) -> str:
                  '(float rounding between the cached and the teacher-forced pass): counted as passing, as decoding '
                  'would.')
   if any(stats['over_oracle'].values()):
-    notes.append(f"Positions where a tree accepted deeper than the numpy candidates allow (rounding ties between "
-                 f"numpy and Dynamic.build): {stats['over_oracle']}.")
+    notes.append(f"Positions where a tree accepted deeper than the candidates allow (ties between the candidates "
+                 f"from the measured top-r and Dynamic.build's from the full logits): {stats['over_oracle']}.")
   return '\n\n'.join([
       f'(a) The chain of {D} heads (exact): where it stops, and head d+1 given that the chain accepted '
       f'y_(t+1)..y_(t+d).', chain,

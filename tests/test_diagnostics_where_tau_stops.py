@@ -51,8 +51,9 @@ def _rank_paths(tree, p):
   return paths
 
 
-def test_numpy_candidates_are_dynamic_builds(measured):
-  """The numpy candidates hold every chosen node of Dynamic.build, and their N best are its N nodes up to ties."""
+def test_candidates_hold_dynamic_builds_chosen_nodes(measured):
+  """diagnostics.candidates (the measured top-r through Dynamic.candidate_nodes) hold every node Dynamic.build chose
+  from the full logits, and their N best are its N nodes up to ties."""
   out, policies, every = measured
   cands = diagnostics.candidates(out['logp_PxDm1xR'], BEAM)
   assert cands['score_PxM'].shape[1] == every
