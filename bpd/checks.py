@@ -14,6 +14,7 @@ from bpd import checkpoint
 from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import draft_vocab
+from bpd import drafters
 from bpd import matmul
 from bpd import model as model_lib
 from bpd import speculative
@@ -138,6 +139,9 @@ def check_decode(config, workdir: str, model_config) -> list:
   above k', a tree without the rank-0 path a min_block forces, sampling on a tree with several roots) are left
   out, logged."""
   dc, model_k = config.decode, model_config.k
+  drafter = check_drafter(config)
+  if drafter is not None:  # it drafts without heads: any k' is a chain it can fill
+    model_k = max([model_k, *dc.ks])
   # A plain Transformer (k = 1) has no proposal heads: of a blockwise sweep only the k' = 1 settings can run
   # (the rest are left out, logged); ks and criteria are still checked for typos.
   repeated = sorted({k for k in dc.ks if list(dc.ks).count(k) > 1})
@@ -190,7 +194,9 @@ def check_decode(config, workdir: str, model_config) -> list:
         logging.info('Left out of the sweep: %s with %s on %s (%s).', rule, spec, what, e)
         why_not.setdefault(spec, e)
         continue
-      settings.append(decoder_lib.Setting(rule=rule, tree=tree, spec=spec))
+      if drafter is not None:
+        drafter.check(tree, rule)  # raises: a rule it cannot draft for is the user's to drop
+      settings.append(decoder_lib.Setting(rule=rule, tree=tree, spec=spec, drafter=drafter))
   # A tree the user names that no criterion can decode would be left out whole: say so instead.
   for spec in {spec for _, _, spec in trees_} - {s.spec for s in settings}:
     raise UserError(f'config.decode.trees names {spec!r}, but no criterion of config.decode.criteria='
@@ -199,6 +205,24 @@ def check_decode(config, workdir: str, model_config) -> list:
     logging.info('The model in %s has k=1 (no proposal heads): the sweep keeps only k\'=1 (greedy is always '
                  'decoded).', workdir)
   return settings
+
+
+def check_drafter(config):
+  """config.decode.drafter as the sweep's drafter (bpd/drafters.py): None for the model's heads. UserError for an
+  unknown name, for images, and for trees (a drafter other than the heads proposes one path)."""
+  spec = config.decode.get('drafter', 'heads')
+  drafter = drafters.parse(spec)  # raises
+  if drafter is None:
+    return None
+  if config.data.source == 'images':
+    raise UserError(f'config.decode.drafter={spec!r}: drafters other than the heads run on translation (they look '
+                    'up source and output ids); the super-resolution sweep drafts with the heads. Set '
+                    'config.decode.drafter=heads.')
+  if tuple(config.decode.trees):
+    raise UserError(f'config.decode.drafter={spec!r} proposes one continuation, a chain per k\' of '
+                    f'config.decode.ks; it cannot fill config.decode.trees={tuple(config.decode.trees)}. Set '
+                    'config.decode.trees=() or config.decode.drafter=heads.')
+  return drafter
 
 
 def _check_trees(config, workdir: str, model_config) -> list:

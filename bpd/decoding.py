@@ -714,6 +714,7 @@ class LoopState:
   nodes_BxN: jax.Array        # int32 [B, N]; the tokens of the next tree (node 0: the next token)
   tree: Any                   # the next tree: () for a static Layout (a trace-time constant), else a RowTree
   memo: Any                   # the rule's note from draft to accept (leaves [B, ...])
+  draft_state: Any            # a drafter's own state (its init), () for the heads
   step: jax.Array             # int32 []; loop iterations (= model invocations - 1)
 
 
@@ -796,9 +797,31 @@ def block_keys(row_keys_B, start_B):
   return None if row_keys_B is None else jax.vmap(jax.random.fold_in)(row_keys_B, start_B)
 
 
-def _draft(rule, tree, target, hidden_Bx___, fns: ModelFns, depth, keys_B):
+# -- drafters ---------------------------------------------------------------------------------------------
+#
+# What proposes the nodes' tokens. By default (drafter None) the model's own heads: propose_fn's logits for heads
+# 2..D, or expand_fn's per parent in a context-aware tree. Another drafter is a small frozen, hashable object (a
+# static argument of jit) that the loop calls through three members, nothing else:
+#   check(tree, rule)           UserError if it cannot draft this tree for this rule (before anything is traced).
+#   init(context_BxC) -> state  its state for the whole decode, carried in LoopState.draft_state (leaves [B, ...]).
+#   draft(state, out_BxL, length_B, next_B, num) -> tokens_BxNum
+#                               num proposals after next_B (the next token, node 0), given the output accepted so
+#                               far, out_BxL[b, :length_B[b]] (entries past it are stale).
+#   uses_heads                  False: the decoder runs head 1 alone (a plain Transformer can decode with it).
+# Its tokens reach the rule as one-hot rows in the heads' place, so every greedy criterion drafts and accepts them
+# as it does the heads' choices. bpd/prompt_lookup.py is the example; bpd/drafters.py registers it by name.
+
+def _draft(rule, tree, target, hidden_Bx___, fns: ModelFns, depth, keys_B, drafter=None, draft_state=(),
+           rows: Rows | None = None):
   """The next tree and its tokens from the outputs at the last accepted position: (nodes_BxN, tree, memo); tree is
-  () for a static Layout (a constant of the trace), a RowTree for a Dynamic policy."""
+  () for a static Layout (a constant of the trace), a RowTree for a Dynamic policy. drafter None: the model's
+  heads propose; else the drafter's tokens stand in their place (the section above)."""
+  if drafter is not None:
+    tokens_BxDm1 = drafter.draft(draft_state, rows.tokens_BxL, rows.length_B, target['best_B'], depth - 1)
+    # As one-hot rows in the heads' place, the rule drafts them as it drafts the heads' choices.
+    heads_BxDm1xV = jax.nn.one_hot(tokens_BxDm1, target['logits_BxV'].shape[-1], dtype=jnp.float32)
+    nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, tree, keys_B)
+    return nodes_BxN, (), memo
   B = jax.tree.leaves(hidden_Bx___)[0].shape[0]
   if isinstance(tree, Dynamic) and fns.expand is not None:  # each parent's children from its own token
     heads_BxDm1xV = None  # propose_fn is not run
@@ -814,18 +837,23 @@ def _draft(rule, tree, target, hidden_Bx___, fns: ModelFns, depth, keys_B):
   return nodes_BxN, row, memo
 
 
-def blockwise_init(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None) -> LoopState:
+def blockwise_init(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None, drafter=None,
+                   context_BxC=None) -> LoopState:
   """The first model invocation (BOS at position 0: it only proposes the first tree) and the loop's first state."""
   B, depth = fixed.batch_size, tree.depth
   logits_Bx1xV, hidden, state = fns.score(state, jnp.full((B, 1), fixed.bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
   keys_B = block_keys(_row_keys(key, B), jnp.ones((B,), jnp.int32))
+  draft_state = () if drafter is None else drafter.init(context_BxC)
+  empty = start_rows(jnp.zeros((B,), jnp.int32), depth=depth, fixed=fixed, ends_early=False)  # no output yet
   nodes_BxN, row_tree_, memo = _draft(rule, tree, rule.target(logits_Bx1xV[:, 0]),
-                                      take_rows(hidden, jnp.zeros((B,), jnp.int32)), fns, depth, keys_B)
+                                      take_rows(hidden, jnp.zeros((B,), jnp.int32)), fns, depth, keys_B,
+                                      drafter, draft_state, empty)
   rows = start_rows(nodes_BxN[:, 0], depth=depth, fixed=fixed, ends_early=rule.ends_early(tree))
-  return LoopState(model_state=state, rows=rows, nodes_BxN=nodes_BxN, tree=row_tree_, memo=memo, step=jnp.int32(0))
+  return LoopState(model_state=state, rows=rows, nodes_BxN=nodes_BxN, tree=row_tree_, memo=memo,
+                   draft_state=draft_state, step=jnp.int32(0))
 
 
-def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None):
+def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None, drafter=None):
   """One iteration (verify every node, accept the deepest passing path, cut it, move it into place, draft the next
   tree), the body of `blockwise`'s while_loop: LoopState -> LoopState. Public so that a benchmark can compile and
   cost-analyse exactly one iteration."""
@@ -860,14 +888,15 @@ def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None):
       model_state = fns.move(model_state, start_B, path_BxD[:, :moved])
     # Combined scoring and proposal (paper §4): the outputs at the last accepted node draft the next tree.
     nodes_BxN, row_tree_, memo = _draft(rule, tree, target, take_rows(hidden, last_B), fns, depth,
-                                        block_keys(row_keys_B, rows.length_B + 1))
+                                        block_keys(row_keys_B, rows.length_B + 1), drafter, s.draft_state, rows)
     rows = close_iteration(s.rows, rows, k_hat_B, nodes_BxN[:, 0], fixed=fixed, ends_early=ends_early)
     return LoopState(model_state=model_state, rows=rows, nodes_BxN=nodes_BxN, tree=row_tree_, memo=memo,
-                     step=s.step + 1)
+                     draft_state=s.draft_state, step=s.step + 1)
   return body
 
 
-def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None) -> DecodeResult:
+def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None, drafter=None,
+              context_BxC=None) -> DecodeResult:
   """Blockwise parallel decoding (paper §3-§4) over a tree of candidates with an acceptance rule: the one loop of
   every blockwise method (the section comment above).
 
@@ -876,14 +905,21 @@ def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=
   that draw (row b uses fold_in(key, b)). One model invocation per iteration plus one at the start; each row
   accepts its own k̂. The state needs a cache of at least max_len + N + 1 slots (decoder.cache_len): a call writes
   N slots from start <= max_len + 1, and the move min(N, D) (`blockwise_body`).
+  drafter: None (the model's heads propose: propose_fn, expand_fn) or a drafter (the section above `_draft`) with
+  the context it starts from, context_BxC (a translation's source ids for prompt lookup).
   """
   rule.check(tree)
+  if drafter is not None:
+    drafter.check(tree, rule)
+    if context_BxC is None:
+      raise ValueError(f'the drafter {drafter} starts from a context: blockwise needs context_BxC')
   if rule.draws and key is None:
     raise ValueError(f'the rule {rule} draws: blockwise needs a key')
   if not (isinstance(tree, Layout) and tree.is_chain) and fns.move is None:
     raise ValueError('a tree that is not a chain needs a move_fn (ModelFns.move)')
-  first = blockwise_init(fns, state, fixed=fixed, tree=tree, rule=rule, key=key)
-  body = blockwise_body(fns, fixed=fixed, tree=tree, rule=rule, key=key)
+  first = blockwise_init(fns, state, fixed=fixed, tree=tree, rule=rule, key=key, drafter=drafter,
+                         context_BxC=context_BxC)
+  body = blockwise_body(fns, fixed=fixed, tree=tree, rule=rule, key=key, drafter=drafter)
 
   def cond(s):
     return (s.step < fixed.max_len) & ~jnp.all(s.rows.done_B)

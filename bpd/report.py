@@ -14,7 +14,7 @@ from bpd import files  # pylint: disable=g-import-not-at-top
 
 COLUMNS = [
     ('split', 'split', '{}'), ('batch_size', 'batch', '{}'), ('k', 'k', '{}'), ('criterion', 'criterion', '{}'),
-    ('tree', 'tree', '{}'), ('quality', 'quality', '{:.2f}'),
+    ('tree', 'tree', '{}'), ('drafter', 'drafter', '{}'), ('quality', 'quality', '{:.2f}'),
     ('mean_accepted_block_size', 'mean accepted block', '{:.2f}'),
     ('iterations', 'iterations', '{}'), ('invocations', 'invocations', '{}'), ('tokens', 'tokens', '{}'),
     ('seconds', 'seconds', '{:.2f}'), ('speedup', 'speedup', '{:.2f}x'),

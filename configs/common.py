@@ -53,6 +53,8 @@ Fields (the command line reaches each as --config.FIELD=VALUE):
                        the chain); 0 = greedy only.
   decode.sample_top_k, decode.sample_top_p  truncate the distribution both samplers draw from (the top_k most
                        likely tokens, then the top_p nucleus; 0 and 1 = off; bpd/speculative.py sampling_logits).
+  decode.drafter       what proposes the blockwise rows' tokens: heads (default) | prompt_lookup[:N] (n-gram lookup
+                       in the source and the output so far: bpd/prompt_lookup.py; chains at any k', no heads needed).
   decode.grid_examples images: how many validation images the figure of outputs shows (decode/SPLIT.grid.png).
   distill.*            `--mode=distill`: the teacher's beam (beam_size, alpha: the length penalty ((5 + len) / 6)^alpha
                        of flax's wmt example), max_len, batch_size, and out_dir (the corpus folder; '' = WORKDIR/distill).
@@ -204,6 +206,10 @@ def defaults() -> ml_collections.ConfigDict:
   # iteration), each built for every k' >= 2 of decode.ks, with every criterion ('chain': the ks chains).
   # () = chains only (paper).
   c.decode.trees = ()
+  # What proposes the chains' tokens (bpd/drafters.py): 'heads' (the model's proposal heads, the paper) |
+  # 'prompt_lookup' / 'prompt_lookup:N' (the continuation of the last N..1 tokens' latest earlier occurrence in the
+  # source and the output; no heads needed, so any k' runs, even on a k=1 model; chains only).
+  c.decode.drafter = 'heads'
   c.decode.batch_sizes = (32,)
   c.decode.max_len = 64  # longest output, EOS included
   c.decode.max_examples = 0  # 0 = all

@@ -131,10 +131,10 @@ def test_a_failing_setting_leaves_the_other_rows_written_and_fails_the_sweep(tra
   shutil.copytree(heads_dir, workdir, ignore=shutil.ignore_patterns('decode'))
   real = decoder_lib.Decoder.blockwise
 
-  def blockwise(self, params, src, rule, tree, seed=0):
+  def blockwise(self, params, src, rule, tree, seed=0, drafter=None):
     if tree.depth == 2 and str(rule) == 'top_k:2':
       raise RuntimeError('compile failed')
-    return real(self, params, src, rule, tree, seed)
+    return real(self, params, src, rule, tree, seed, drafter)
   monkeypatch.setattr(decoder_lib.Decoder, 'blockwise', blockwise)
   with pytest.raises(evaluate.SettingsFailed, match=r'1 setting\(s\) of the sweep failed: test b8 k2\.top_k2 '
                                                      r'\(RuntimeError: compile failed\)'):
@@ -350,6 +350,34 @@ def test_error_sweep_k_larger_than_checkpoint(trained):
   _, heads_dir = trained
   _expect_error(r"contains 5, but the checkpoint .* has k=3", evaluate.decode_sweep,
                 tiny_config(**{'decode.ks': (2, 5)}), heads_dir)
+
+
+def test_prompt_lookup_decodes_a_plain_model_exactly_through_the_sweep(trained, tmp_path):
+  """--config.decode.drafter=prompt_lookup on the base (k = 1, no heads): chains at k' = 2 and 4 decode, exactly,
+  and name their drafter in the records and file names."""
+  base_dir, _ = trained
+  workdir = str(tmp_path / 'base')
+  shutil.copytree(base_dir, workdir, ignore=shutil.ignore_patterns('decode'))
+  records = evaluate.decode_sweep(tiny_config(**{'decode.drafter': 'prompt_lookup', 'decode.ks': (2, 4),
+                                                 'decode.criteria': ('exact',)}), workdir)
+  rows = [r for r in records if r['criterion'] == 'exact']
+  assert [(r['k'], r['drafter']) for r in rows] == [(2, 'prompt_lookup'), (4, 'prompt_lookup')]
+  for r in rows:
+    assert r['identical_to_greedy'] == 1.0 and r['quality'] == records[0]['quality']
+    assert r['mean_accepted_block_size'] >= 1.0
+  assert os.path.exists(os.path.join(workdir, 'decode', 'test.k4.exact.prompt_lookup.b8.txt'))
+
+
+@pytest.mark.parametrize('overrides, match', [
+    ({'decode.drafter': 'prompt'}, 'Unknown drafter'),
+    ({'decode.drafter': 'prompt_lookup:0'}, 'integer >= 1'),
+    ({'decode.drafter': 'prompt_lookup', 'decode.trees': ('dynamic:4',)}, 'cannot fill config.decode.trees'),
+    ({'decode.drafter': 'prompt_lookup', 'decode.temperature': 1.0, 'decode.criteria': ('speculative',)},
+     'samples that token'),
+])
+def test_error_bad_drafter_settings(trained, overrides, match):
+  _, heads_dir = trained
+  _expect_error(match, evaluate.decode_sweep, tiny_config(**{'k': 3, **overrides}), heads_dir)
 
 
 def test_speculative_sampling_through_the_decode_sweep(trained, tmp_path):
