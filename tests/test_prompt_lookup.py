@@ -201,3 +201,34 @@ def test_drafters_by_name(spec, expected):
 def test_bad_drafter_names_raise_clear_errors(spec, message):
   with pytest.raises(UserError, match=message):
     drafters.parse(spec)
+
+
+def test_the_design_notes_example_drafter_runs_in_the_loop():
+  """docs/DESIGN.md's worked example of a new drafter, executed as written, registered as written: on a model that
+  copies its source it drafts every block whole, exactly, and the name resolves through config's word."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  text = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'DESIGN.md')).read()
+  section = text.split('### Adding a drafter')[1].split('\n### ')[0]
+  code, registration = [block.split('```')[0] for block in section.split('```python')[1:3]]
+  scope = {'dataclasses': dataclasses, 'jax': jax, 'jnp': jnp, 'UserError': UserError, 'drafters': drafters}
+  exec(code, scope)  # pylint: disable=exec-used
+  saved = dict(drafters.REGISTRY)
+  try:
+    exec(registration, scope)  # pylint: disable=exec-used
+    drafter = drafters.parse('copy_source')
+  finally:
+    drafters.REGISTRY.clear()
+    drafters.REGISTRY.update(saved)
+  assert str(drafter) == 'copy_source'
+  src = jnp.asarray([[10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]], jnp.int32)
+  stub = CopyStub(src, vocab_size=30)
+  fixed = decoding.Fixed(batch_size=1, max_len=20, bos_id=BOS, eos_id=EOS)
+  block = jax.jit(lambda: decoding.blockwise(decoding.ModelFns(stub.score_fn, None), {}, fixed=fixed,
+                                             tree=decoding.chain(4), rule=decoding.EXACT, drafter=drafter,
+                                             context_BxC=src))()
+  length = int(block.length_B[0])
+  assert np.asarray(block.tokens_BxL[0, :length]).tolist() == np.asarray(src[0]).tolist() + [EOS]
+  assert int(block.iterations_B[0]) <= -(-(length - 1) // 4)
+  with pytest.raises(UserError, match='drafts chains'):
+    drafter.check(decoding.Dynamic(num_nodes=8, depth=4), decoding.EXACT)

@@ -52,6 +52,13 @@ def block(rows, split, tree, k):
   return row and (row['mean_accepted_block_size'], row['identical_to_greedy'])
 
 
+def bleu_cell(ours, ref=None):
+  """A BLEU cell: '–' where the split was not decoded, with the difference to the base where it was."""
+  if ours is None:
+    return '–'
+  return f'{ours:.2f}' if ref is None else f'{ours:.2f} ({ours - ref:+.2f})'
+
+
 def main(root):
   base, teacher = load(root, 'base'), load(root, 'teacher')
   signature = next((r.get('bleu_signature') for r in base or [] if r.get('bleu_signature')), 'not recorded')
@@ -60,19 +67,18 @@ def main(root):
   print('|---|---|---|' + '---|' * len(SPLITS))
   for name, rows in (('base (seed 0, the student\'s)', base), ('teacher (seed 1)', teacher)):
     if rows:
-      print(f'| {name} | – | original data | ' + ' | '.join(f'{greedy_bleu(rows, s):.2f}' for s in SPLITS) + ' |')
+      print(f'| {name} | – | original data | ' + ' | '.join(bleu_cell(greedy_bleu(rows, s)) for s in SPLITS) + ' |')
   for folder, column, corpus in MODELS:
     rows = load(root, folder)
     if not rows or not base:
       continue
-    cells = []
-    for s in SPLITS:
-      ours, ref = greedy_bleu(rows, s), greedy_bleu(base, s)
-      cells.append(f'{ours:.2f} ({ours - ref:+.2f})')
+    cells = [bleu_cell(greedy_bleu(rows, s), greedy_bleu(base, s)) for s in SPLITS]
     print(f'| {column} | {folder.rsplit("_", 1)[1]} | {corpus} | ' + ' | '.join(cells) + ' |')
   print(f'\nThe paper (newstest2013): base {PAPER_BASE_BLEU:.2f}; Distillation k = 8 {PAPER["Distillation"][8][0]:.2f}; '
         f'Both k = 8 {PAPER["Both"][8][0]:.2f}.\n')
   for split in SPLITS:
+    if not any(block(load(root, folder) or [], split, 'chain', k) for folder, _, _ in MODELS for k in KS):
+      continue  # not decoded
     print(f'Mean accepted block, exact, {split} (identical to greedy: the fraction of rows; paper: its Table 1 '
           'cell at that k).\n')
     header = ' | '.join(f'{tree} k\'={k}' for tree in TREES for k in KS)
