@@ -7,6 +7,7 @@ import pytest
 from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import model as model_lib
+from bpd import prompt_lookup
 
 
 @pytest.fixture(scope='module')
@@ -41,3 +42,8 @@ def test_every_decoder_method_gets_a_long_enough_cache(tiny):
   for tree in (decoding.chain(4), decoding.layout(((0,), (1,), (0, 0))), decoding.Dynamic(5, 4)):
     result = decoder.blockwise(params, src_BxS, decoding.EXACT, tree)
     assert result.tokens_BxL.shape == (2, 6)
+  # A drafter that needs no heads: chains longer than the model's k, head 1 alone, output greedy's.
+  greedy = decoder.greedy(params, src_BxS).tokens_BxL
+  for k in (2, 6):
+    result = decoder.blockwise(params, src_BxS, decoding.EXACT, decoding.chain(k), drafter=prompt_lookup.PromptLookup())
+    np.testing.assert_array_equal(np.asarray(result.tokens_BxL), np.asarray(greedy))
