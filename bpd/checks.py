@@ -209,7 +209,7 @@ def check_decode(config, workdir: str, model_config) -> list:
 
 def check_drafter(config):
   """config.decode.drafter as the sweep's drafter (bpd/drafters.py): None for the model's heads. UserError for an
-  unknown name, for images, and for trees (a drafter other than the heads proposes one path)."""
+  unknown name and for images; the trees and rules it can draft for, it says itself (its `check`, per setting)."""
   spec = config.decode.get('drafter', 'heads')
   drafter = drafters.parse(spec)  # raises
   if drafter is None:
@@ -218,10 +218,6 @@ def check_drafter(config):
     raise UserError(f'config.decode.drafter={spec!r}: drafters other than the heads run on translation (they look '
                     'up source and output ids); the super-resolution sweep drafts with the heads. Set '
                     'config.decode.drafter=heads.')
-  if tuple(config.decode.trees):
-    raise UserError(f'config.decode.drafter={spec!r} proposes one continuation, a chain per k\' of '
-                    f'config.decode.ks; it cannot fill config.decode.trees={tuple(config.decode.trees)}. Set '
-                    'config.decode.trees=() or config.decode.drafter=heads.')
   return drafter
 
 

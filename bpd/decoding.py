@@ -807,7 +807,7 @@ def block_keys(row_keys_B, start_B):
 #   draft(state, out_BxL, length_B, next_B, num) -> tokens_BxNum
 #                               num proposals after next_B (the next token, node 0), given the output accepted so
 #                               far, out_BxL[b, :length_B[b]] (entries past it are stale).
-#   uses_heads                  False: the decoder runs head 1 alone (a plain Transformer can decode with it).
+# A drafter does not read the model's heads: the decoder runs head 1 alone (a plain Transformer can decode with one).
 # Its tokens reach the rule as one-hot rows in the heads' place, so every greedy criterion drafts and accepts them
 # as it does the heads' choices. bpd/prompt_lookup.py is the example; bpd/drafters.py registers it by name.
 

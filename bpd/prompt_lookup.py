@@ -33,7 +33,6 @@ class PromptLookup:
   (the longest match is the most specific; among equal ones the latest, the nearest context).
   """
   max_ngram: int = 3
-  uses_heads = False  # the model's heads 2..k are not read: the decoder runs head 1 alone
 
   def __post_init__(self):
     if int(self.max_ngram) != self.max_ngram or self.max_ngram < 1:

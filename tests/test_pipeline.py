@@ -371,7 +371,7 @@ def test_prompt_lookup_decodes_a_plain_model_exactly_through_the_sweep(trained, 
 @pytest.mark.parametrize('overrides, match', [
     ({'decode.drafter': 'prompt'}, 'Unknown drafter'),
     ({'decode.drafter': 'prompt_lookup:0'}, 'integer >= 1'),
-    ({'decode.drafter': 'prompt_lookup', 'decode.trees': ('dynamic:4',)}, 'cannot fill config.decode.trees'),
+    ({'decode.drafter': 'prompt_lookup', 'decode.trees': ('dynamic:4',)}, 'cannot fill the tree'),
     ({'decode.drafter': 'prompt_lookup', 'decode.temperature': 1.0, 'decode.criteria': ('speculative',)},
      'samples that token'),
 ])
