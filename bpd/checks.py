@@ -264,7 +264,7 @@ def _check_trees(config, workdir: str, model_config) -> list:
 def tree_runs_on(tree, head_type: str) -> bool:
   """Whether the model's heads can draft this tree: sequential heads draft chains and context-aware trees (each
   parent expanded from its own token), not static trees (one choice list per depth)."""
-  return head_type != 'sequential' or isinstance(tree, decoding.Dynamic) or tree.is_chain
+  return head_type != 'sequential' or tree.per_row or tree.is_chain
 
 
 def check_distill(config, workdir: str) -> None:

@@ -14,8 +14,9 @@ The model enters as two plain functions over an opaque per-row state (every leaf
 
 Over a tree that is not a chain, blockwise calls score_fn with a fourth argument, the tree (depth_N,
 ancestor_NxN): numpy arrays built once per topology, or per row (depth_BxN, ancestor_BxNxN) for a context-aware
-tree (`mask_arg`): token n goes to cache slot start_B[b] + n, at position start_B[b] + depth[n], and attends to the
-slots before start_B[b] and to the slots of the nodes m with ancestor[n, m] (its ancestors and itself) only.
+tree (`Layout.mask`, `RowTree.mask`): token n goes to cache slot start_B[b] + n, at position start_B[b] +
+depth[n], and attends to the slots before start_B[b] and to the slots of the nodes m with ancestor[n, m] (its
+ancestors and itself) only.
 Without it (None, or not passed) slots are positions and the block is causal, as above. And it takes a third
 function:
   move_fn(state, start_B, source_BxD) -> new_state
@@ -51,7 +52,7 @@ Definitions (DESIGN §2; Stern et al. 2018, §3-§4):
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -71,22 +72,37 @@ InitFn = Callable[[jax.Array, int], Any]
 
 
 # -- acceptance rules ----------------------------------------------------------------------------------------
-#
-# A rule is a small frozen object (a static argument of jit, or a pytree whose leaves are traced, as sampling's
-# temperature) with four methods; the loop calls nothing else of it:
-#   check(tree)                 UserError if the rule cannot run on this tree (before anything is traced).
-#   target(logits_BxV)          what the first draft starts from, given head 1's logits after BOS.
-#   draft(target, heads_BxDm1xV, tree, keys_B) -> (nodes_BxN, memo)
-#                               the tokens of the next tree's nodes, from the target at the last accepted
-#                               position (greedy rules: head 1's logits and argmax there; sampling: the distribution
-#                               of the next token) and heads 2..D there; memo: what accept will need (leaves [B, ...]).
-#                               nodes_BxN[:, 0] must be the next token itself (the root of rank 0).
-#   accept(nodes_BxN, logits_BxNxV, memo, tree, keys_B) -> (last_B, target)
-#                               after the verification call: the deepest accepted node per row (k̂ = its depth
-#                               + 1) and the target the next draft starts from.
-#   ends_early(tree)            whether the next token may be appended without an iteration when it ends the row
-#                               (`end_with_next_token`): true when that iteration could only accept it alone.
-# keys_B: one PRNG key per row for the block being drafted or verified (None unless the loop got a key).
+
+class Rule(Protocol):
+  """An acceptance rule: how the nodes get their tokens from the heads' outputs and which are accepted. A small
+  frozen object (a static argument of jit, or a pytree whose leaves are traced, as sampling's temperature); the loop
+  calls nothing else of it. The greedy criteria are `Criterion` below, speculative sampling is bpd/speculative.py's
+  `Sampling`. keys_B: one PRNG key per row for the block being drafted or verified (None unless `draws`)."""
+  draws: bool  # the loop hands it a PRNG key per block
+
+  def check(self, tree) -> None:
+    """UserError if the rule cannot run on this tree (before anything is traced)."""
+
+  def target(self, logits_BxV) -> Any:
+    """What the first draft starts from, given head 1's logits after BOS."""
+
+  def first(self, target, tree, keys_B) -> jax.Array:
+    """Node 0's token [B], the next token itself (greedy: head 1's argmax; sampling: the free token, drawn from the
+    target): the root a tree built per row (a `TreePolicy`) grows from."""
+
+  def draft(self, target, heads_BxDm1xV, tree, keys_B) -> tuple[jax.Array, Any]:
+    """(nodes_BxN, memo): the tokens of the next tree's nodes, from the target at the last accepted position
+    (greedy rules: head 1's logits and argmax there; sampling: the distribution of the next token) and heads 2..D
+    there (or the tree's own tokens, `tree.token_BxN`, where it was built per row); memo: what accept will need
+    (leaves [B, ...]). nodes_BxN[:, 0] must be the next token itself (the root of rank 0)."""
+
+  def accept(self, nodes_BxN, logits_BxNxV, memo, tree, keys_B) -> tuple[jax.Array, Any]:
+    """(last_B, target) after the verification call: the deepest accepted node per row (k̂ = its depth + 1) and
+    the target the next draft starts from."""
+
+  def ends_early(self, tree) -> bool:
+    """Whether the next token may be appended without an iteration when it ends the row (`end_with_next_token`):
+    true when that iteration could only accept it alone."""
 
 
 @flax.struct.dataclass
@@ -124,12 +140,12 @@ class Criterion:
     return f'min_block:{self.min_block}' if self.kind == 'exact' else f'{name}+min_block:{self.min_block}'
 
   def check(self, tree) -> None:
-    if isinstance(tree, Dynamic):
+    zero_path_D = tree.zero_path_D
+    if zero_path_D is None:
       if self.min_block > 1:
         raise UserError(f'{self} forces the rank-0 path of {self.min_block} nodes, which a context-aware tree '
                         f'({tree}) need not hold: use min_block with a chain or a static tree.')
       return
-    zero_path_D = tree.zero_path_D
     if self.min_block > 1 and (self.min_block > len(zero_path_D) or zero_path_D[self.min_block - 1] < 0):
       what = 'raise k' if tree.is_chain else 'add it or lower min_block'
       raise UserError(f'min_block={self.min_block} forces the path {(0,) * self.min_block} of rank-0 choices (the '
@@ -144,21 +160,24 @@ class Criterion:
     # DESIGN §3, the last-token rule: with several roots, a check looser than exact (top_k:T >= 2, distance:EPS >= 1)
     # may pass another root whose path goes deeper than the next token alone: the row is then not decided by that
     # token, and an iteration must run. min_block changes nothing here: a forced block is cut at EOS and max_len.
-    return isinstance(tree, Dynamic) or len(tree.roots) == 1 or self.exact_in_effect
+    return tree.num_roots == 1 or self.exact_in_effect
 
   def target(self, logits_BxV):
     return {'logits_BxV': logits_BxV, 'best_B': argmax(logits_BxV)}
 
+  def first(self, target, tree, keys_B):
+    return target['best_B']
+
   def draft(self, target, heads_BxDm1xV, tree, keys_B):
     logits_BxV, best_B = target['logits_BxV'], target['best_B']
-    if isinstance(tree, Layout) and tree.is_chain:  # ŷ_{j+1} = head 1's argmax, ŷ_{j+2..j+k} heads 2..k's
+    if tree.is_chain:  # ŷ_{j+1} = head 1's argmax, ŷ_{j+2..j+k} heads 2..k's
       if tree.depth == 1:
         return best_B[:, None], ()
       return jnp.concatenate([best_B[:, None], argmax(heads_BxDm1xV[:, :tree.depth - 1])], axis=1), ()
-    if isinstance(tree, RowTree):  # its tokens were chosen as it was built (Dynamic.build); node 0 is best_B
+    if tree.token_BxN is not None:  # chosen as it was built (Dynamic.build, from `first`: node 0 is best_B)
       return tree.token_BxN, ()
     B = best_B.shape[0]
-    t = tree_arrays(tree, B)
+    t = tree.arrays(B)
     depth = t['path'].shape[2]
     ranks = tree.num_ranks
     heads_BxDxV = jnp.concatenate([logits_BxV[:, None], heads_BxDm1xV[:, :depth - 1].astype(logits_BxV.dtype)],
@@ -167,7 +186,7 @@ class Criterion:
     # Node n gets rank r_n of head d_n + 1 (Medusa-style: a head's choices do not depend on the node's parent).
     nodes_BxN = choices_BxDxR[jnp.arange(B)[:, None], t['depth'], t['rank']].astype(jnp.int32)
     nodes_BxN = nodes_BxN.at[:, 0].set(best_B)  # node 0 is head 1's argmax (rank 0): the next token itself
-    if len(tree.roots) > 1:  # (a static Layout here: a RowTree returned above)
+    if tree.num_roots > 1:  # (a static Layout here: a RowTree returned above)
       # Depth-0 nodes are checked now, against head 1 at j; the verification call checks their children.
       roots = tree.roots
       logits_BxRxV = jnp.broadcast_to(logits_BxV[:, None], (B, len(roots), logits_BxV.shape[-1]))
@@ -180,16 +199,16 @@ class Criterion:
     rows = jnp.arange(B)
     # One argmax over every node: checks of the children, and the next token after the last accepted node.
     best_BxN = argmax(logits_BxNxV)
-    if isinstance(tree, Layout) and tree.is_chain:
+    if tree.is_chain:
       # Position j+i carries ŷ_{j+i}; its head-1 output scores ŷ_{j+i+1}.
       checks_BxKm1 = accept_mask(self, nodes_BxN[:, 1:], logits_BxNxV[:, :-1], best_BxN[:, :-1])
       k_hat_B = jnp.minimum(block_size(self, checks_BxKm1), tree.depth)
       last_B = k_hat_B - 1
     else:
-      t = tree_arrays(tree, B)
+      t = tree.arrays(B)
       parent_BxN = t['parent']
-      if isinstance(tree, Layout):
-        ok_BxN = memo if len(tree.roots) > 1 else jnp.ones(nodes_BxN.shape, bool)
+      if tree.is_static:  # numpy parents: static gathers, and several roots checked when drafted (memo)
+        ok_BxN = memo if tree.num_roots > 1 else jnp.ones(nodes_BxN.shape, bool)
         inner = np.nonzero(tree.parent_N >= 0)[0]  # nodes checked in this call
         if len(inner):
           parents = tree.parent_N[inner]
@@ -378,7 +397,7 @@ def greedy(score_fn: ScoreFn, state: Any, *, fixed: Fixed) -> 'DecodeResult':
 #             numpy constants built once per topology; a per-row tree is a `RowTree` of [B, N] arrays.
 #   a rule    how nodes get their tokens from the heads and which are accepted: the greedy criteria
 #             (`Criterion`: exact, top_k, distance, min_block) here, speculative sampling in bpd/speculative.py.
-#             A rule implements `check`, `target`, `draft` and `accept` (`Rule` below says what each does).
+#             A rule implements the `Rule` protocol above.
 #   the loop  verify every node in one model call, accept the deepest passing path, cut it at EOS and max_len,
 #             move it into place, and draft the next tree from the outputs at its last node (combined scoring
 #             and proposal, paper §4): one model invocation per iteration plus one at the start.
@@ -462,7 +481,16 @@ class Layout:
   index of its parent (-1 at depth 0); ancestor_NxN[n, m]: m is n or an ancestor of n (the attention mask among
   the new slots); path_NxD[n, d]: the node at depth d on the path to n (n itself past its depth, never read);
   zero_path_D: the node (0,) * (d + 1), or -1 where the tree lacks it.
+
+  Every tree kind (Layout, RowTree, Dynamic) answers the same questions, so that rules and the loop never ask which
+  kind it is: is_chain, is_static (numpy constants, one shape for every row), per_row (built on device per row and
+  iteration: the policy is Dynamic and the loop carries its RowTree), num_roots, zero_path_D (None where a tree
+  need not hold the rank-0 path), token_BxN (None where the rule drafts the nodes' tokens from the heads' choices),
+  arrays(B) and mask().
   """
+  is_static = True
+  per_row = False
+  token_BxN = None  # the rule drafts the tokens: rank r_n of head d_n + 1
   paths: TreePaths
   depth_N: np.ndarray
   rank_N: np.ndarray
@@ -490,6 +518,21 @@ class Layout:
   @property
   def roots(self) -> np.ndarray:
     return np.nonzero(self.depth_N == 0)[0]
+
+  @property
+  def num_roots(self) -> int:
+    return len(self.roots)
+
+  def arrays(self, batch: int) -> dict:
+    """depth, rank, parent [B, N], ancestor [B, N, N] and path [B, N, D]: the numpy constants broadcast (free),
+    for code that serves every tree (RowTree.arrays)."""
+    b = lambda x: jnp.broadcast_to(jnp.asarray(x), (batch,) + x.shape)
+    return {'depth': b(self.depth_N), 'rank': b(self.rank_N), 'parent': b(self.parent_N),
+            'ancestor': b(self.ancestor_NxN), 'path': b(self.path_NxD)}
+
+  def mask(self):
+    """What score_fn gets as its tree argument: (depth_N, ancestor_NxN), numpy constants."""
+    return (self.depth_N, self.ancestor_NxN)
 
   @property
   def num_ranks(self) -> int:
@@ -533,6 +576,25 @@ class RowTree:
   token_BxN: jax.Array         # int32 [B, N]; the node's token (node 0: head 1's argmax)
   num_ranks: int = flax.struct.field(pytree_node=False, default=1)  # ranks are below this at every depth
 
+  is_chain = False  # the chain is a static Layout
+  is_static = False
+  per_row = True
+  num_roots = 1
+  zero_path_D = None  # a built tree need not hold the rank-0 path
+
+  @property
+  def num_nodes(self) -> int:
+    return self.token_BxN.shape[1]
+
+  def arrays(self, batch: int) -> dict:
+    """As Layout.arrays: this tree's own [B, ...] fields."""
+    return {'depth': self.depth_BxN, 'rank': self.rank_BxN, 'parent': self.parent_BxN,
+            'ancestor': self.ancestor_BxNxN, 'path': self.path_BxNxD}
+
+  def mask(self):
+    """What score_fn gets as its tree argument: (depth_BxN, ancestor_BxNxN), per row."""
+    return (self.depth_BxN, self.ancestor_BxNxN)
+
 
 def row_tree(depth_BxN, rank_BxN, parent_BxN, token_BxN, depth: int, num_ranks: int) -> RowTree:
   """A RowTree from each node's depth, rank, parent (parents before children) and token: the ancestor mask and
@@ -574,6 +636,12 @@ class Dynamic:
   depth: int
   beam: int = 8
   ranks: int = 8
+  # The questions every tree answers (Layout's docstring): the RowTree it builds, per row and iteration.
+  is_chain = False
+  is_static = False
+  per_row = True
+  num_roots = 1        # the root is the rule's `first` token
+  zero_path_D = None   # the rank-0 path need not be chosen
 
   def __str__(self):
     return f'dynamic:{self.num_nodes}'
@@ -595,23 +663,22 @@ class Dynamic:
       raise UserError(f'Tree spec {self}: N must be between 1 and {most}, the candidate nodes of {self.depth} heads '
                       f'with beam {self.beam} and {min(self.ranks, vocab_size)} ranks per head.')
 
-  def build(self, head1_BxV, children) -> RowTree:
-    """Every row's tree: `candidate_nodes`, then `choose`. head1_BxV: head 1's logits at the last accepted position
-    (the root is their argmax). children(d, parents_BxW) -> logits [B, W or 1, V]: head d + 1's, for the children of
-    the W beam nodes at depth d - 1, whose tokens are parents_BxW; 1 in place of W where every parent gets the same
-    (independent heads)."""
-    ranks = min(self.ranks, head1_BxV.shape[-1])
-
+  def build(self, root_B, children) -> RowTree:
+    """Every row's tree: `candidate_nodes`, then `choose`. root_B: node 0's token, the next token (the rule's
+    `first`: head 1's argmax for the greedy criteria, the free token for sampling). children(d, parents_BxW) ->
+    logits [B, W or 1, V]: head d + 1's, for the children of the W beam nodes at depth d - 1, whose tokens are
+    parents_BxW; 1 in place of W where every parent gets the same (independent heads)."""
     def top_ranks(d, parents_BxW):
-      return jax.lax.top_k(jax.nn.log_softmax(children(d, parents_BxW).astype(jnp.float32)), ranks)
-    return self.choose(self.candidate_nodes(argmax(head1_BxV), top_ranks, ranks))
+      logits = children(d, parents_BxW).astype(jnp.float32)
+      return jax.lax.top_k(jax.nn.log_softmax(logits), min(self.ranks, logits.shape[-1]))
+    return self.choose(self.candidate_nodes(root_B, top_ranks))
 
-  def candidate_nodes(self, root_B, top_ranks, ranks: int) -> 'Candidates':
+  def candidate_nodes(self, root_B, top_ranks) -> 'Candidates':
     """All the nodes `choose` picks from, in depth order: the root (token root_B), then per depth d = 1 .. depth - 1
-    beam slot x rank. top_ranks(d, parents_BxW) -> (logp, token) [B, W or 1, ranks]: the `ranks` best log-probabilities
-    of head d + 1 and their tokens, for the children of the W beam nodes at depth d - 1 (tokens parents_BxW). A
-    node's score is its parent's plus its own log-probability, summed in float32 in this order; each depth keeps the
-    `beam` best (lax.top_k: the lower index first on ties) as the parents of the next."""
+    beam slot x rank. top_ranks(d, parents_BxW) -> (logp, token) [B, W or 1, R]: the R best log-probabilities of
+    head d + 1 and their tokens (R the same at every depth), for the children of the W beam nodes at depth d - 1
+    (tokens parents_BxW). A node's score is its parent's plus its own log-probability, summed in float32 in this
+    order; each depth keeps the `beam` best (lax.top_k: the lower index first on ties) as the parents of the next."""
     B = root_B.shape[0]
     score, token, cand_depth, cand_rank = [jnp.zeros((B, 1))], [root_B[:, None].astype(jnp.int32)], [0], [0]
     cand_parent = [jnp.full((B, 1), -1, jnp.int32)]
@@ -623,6 +690,7 @@ class Dynamic:
     for d in range(1, self.depth):
       W = beam_score_BxW.shape[1]
       logp_BxWxR, token_BxWxR = top_ranks(d, beam_token_BxW)
+      ranks = token_BxWxR.shape[-1]
       child_BxWxR = beam_score_BxW[:, :, None] + logp_BxWxR  # broadcasts a shared [B, 1, R] over the beam
       child_BxM = child_BxWxR.reshape(B, W * ranks)
       token_BxM = jnp.broadcast_to(token_BxWxR, (B, W, ranks)).reshape(B, W * ranks).astype(jnp.int32)
@@ -673,25 +741,6 @@ class Candidates:
   depth_M: tuple = flax.struct.field(pytree_node=False)  # the same for every row (tuples: hashable static data)
   rank_M: tuple = flax.struct.field(pytree_node=False)
   num_ranks: int = flax.struct.field(pytree_node=False)
-
-
-def tree_arrays(tree: Layout | RowTree, batch: int) -> dict:
-  """depth, rank, parent [B, N], ancestor [B, N, N] and path [B, N, D] of either kind of tree (a Layout's numpy
-  constants broadcast: free), for code that serves both."""
-  if isinstance(tree, RowTree):
-    return {'depth': tree.depth_BxN, 'rank': tree.rank_BxN, 'parent': tree.parent_BxN,
-            'ancestor': tree.ancestor_BxNxN, 'path': tree.path_BxNxD}
-  b = lambda x: jnp.broadcast_to(jnp.asarray(x), (batch,) + x.shape)
-  return {'depth': b(tree.depth_N), 'rank': b(tree.rank_N), 'parent': b(tree.parent_N),
-          'ancestor': b(tree.ancestor_NxN), 'path': b(tree.path_NxD)}
-
-
-def mask_arg(tree: Layout | RowTree):
-  """What score_fn gets as its tree argument: (depth_N, ancestor_NxN) numpy constants for a static tree,
-  (depth_BxN, ancestor_BxNxN) arrays for a tree per row."""
-  if isinstance(tree, RowTree):
-    return (tree.depth_BxN, tree.ancestor_BxNxN)
-  return (tree.depth_N, tree.ancestor_NxN)
 
 
 @flax.struct.dataclass
@@ -800,16 +849,38 @@ def block_keys(row_keys_B, start_B):
 # -- drafters ---------------------------------------------------------------------------------------------
 #
 # What proposes the nodes' tokens. By default (drafter None) the model's own heads: propose_fn's logits for heads
-# 2..D, or expand_fn's per parent in a context-aware tree. Another drafter is a small frozen, hashable object (a
-# static argument of jit) that the loop calls through three members, nothing else:
-#   check(tree, rule)           UserError if it cannot draft this tree for this rule (before anything is traced).
-#   init(context_BxC) -> state  its state for the whole decode, carried in LoopState.draft_state (leaves [B, ...]).
-#   draft(state, out_BxL, length_B, next_B, num) -> tokens_BxNum
-#                               num proposals after next_B (the next token, node 0), given the output accepted so
-#                               far, out_BxL[b, :length_B[b]] (entries past it are stale).
-# A drafter does not read the model's heads: the decoder runs head 1 alone (a plain Transformer can decode with one).
-# Its tokens reach the rule as one-hot rows in the heads' place, so every greedy criterion drafts and accepts them
-# as it does the heads' choices. bpd/prompt_lookup.py is the example; bpd/drafters.py registers it by name.
+# 2..D, or expand_fn's per parent in a context-aware tree (a `TreePolicy` builds it). Another drafter implements
+# `Drafter`. It does not read the model's heads: the decoder runs head 1 alone (a plain Transformer can decode with
+# one). Its tokens reach the rule as one-hot rows in the heads' place, so every greedy criterion drafts and accepts
+# them as it does the heads' choices. bpd/prompt_lookup.py is the example; bpd/drafters.py registers it by name.
+
+class Drafter(Protocol):
+  """A drafter other than the heads: a small frozen, hashable object (a static argument of jit) that the loop
+  calls through these members, nothing else."""
+
+  def check(self, tree, rule) -> None:
+    """UserError if it cannot draft this tree for this rule (before anything is traced)."""
+
+  def init(self, context_BxC) -> Any:
+    """Its state for the whole decode, carried in LoopState.draft_state (leaves [B, ...])."""
+
+  def draft(self, state, out_BxL, length_B, next_B, num: int) -> jax.Array:
+    """tokens_BxNum: num proposals after next_B (the next token, node 0), given the output accepted so far,
+    out_BxL[b, :length_B[b]] (entries past it are stale)."""
+
+
+class TreePolicy(Protocol):
+  """A tree built per row and iteration (`Dynamic` is the one here). Besides the questions every tree answers
+  (Layout's docstring: is_chain, is_static, per_row, num_roots, zero_path_D), the loop calls `build` only."""
+  num_nodes: int
+  depth: int
+
+  def check(self, vocab_size: int) -> None:
+    """UserError unless the tree can be built for this vocabulary (before anything is traced)."""
+
+  def build(self, root_B, children) -> 'RowTree':
+    """Every row's tree, node 0 holding root_B (the rule's `first`). children(d, parents_BxW) -> logits
+    [B, W or 1, V]: head d + 1's for the children of W nodes at depth d - 1 whose tokens are parents_BxW."""
 
 def _draft(rule, tree, target, hidden_Bx___, fns: ModelFns, depth, keys_B, drafter=None, draft_state=(),
            rows: Rows | None = None):
@@ -823,16 +894,16 @@ def _draft(rule, tree, target, hidden_Bx___, fns: ModelFns, depth, keys_B, draft
     nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, tree, keys_B)
     return nodes_BxN, (), memo
   B = jax.tree.leaves(hidden_Bx___)[0].shape[0]
-  if isinstance(tree, Dynamic) and fns.expand is not None:  # each parent's children from its own token
+  if tree.per_row and fns.expand is not None:  # each parent's children from its own token
     heads_BxDm1xV = None  # propose_fn is not run
     children = lambda d, parents_BxW: fns.expand(hidden_Bx___, d, parents_BxW)
   else:  # one head's choices serve every parent at its depth
     heads_BxDm1xV = fns.propose(hidden_Bx___)[:, :depth - 1] if depth > 1 else jnp.zeros((B, 0, 1), jnp.float32)
     children = lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None]
-  if not isinstance(tree, Dynamic):
+  if not tree.per_row:
     nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, tree, keys_B)
     return nodes_BxN, (), memo
-  row = tree.build(target['logits_BxV'], children)
+  row = tree.build(rule.first(target, tree, keys_B), children)
   nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, row, keys_B)
   return nodes_BxN, row, memo
 
@@ -858,7 +929,7 @@ def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None, d
   tree), the body of `blockwise`'s while_loop: LoopState -> LoopState. Public so that a benchmark can compile and
   cost-analyse exactly one iteration."""
   depth, ends_early = tree.depth, rule.ends_early(tree)
-  is_chain = isinstance(tree, Layout) and tree.is_chain
+  is_chain = tree.is_chain
   # A tree of N nodes is at most N deep, so no accepted path is longer than P = min(N, D). The move writes P slots
   # from start, within the N that the verification call wrote: a cache of max_len + N + 1 slots holds them even
   # where N < D (a small `dynamic:N`). Moving D slots there would run past its end, and a clamped write would
@@ -868,17 +939,17 @@ def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None, d
   def body(s: LoopState):
     B = s.rows.length_B.shape[0]
     start_B = s.rows.length_B + 1  # the first node's slot and position, j + 1
-    verified = tree if isinstance(tree, Layout) else s.tree
+    verified = s.tree if tree.per_row else tree
     # Verify: node n in slot start + n at position start + depth(n), seeing the prefix and its ancestors (the
     # chain: positions start .. start + k - 1, causal, no mask needed).
-    tree_arg = () if is_chain else (mask_arg(verified),)
+    tree_arg = () if is_chain else (verified.mask(),)
     logits_BxNxV, hidden, model_state = fns.score(s.model_state, s.nodes_BxN, start_B, *tree_arg)
     row_keys_B = _row_keys(key, B)
     last_B, target = rule.accept(s.nodes_BxN, logits_BxNxV, s.memo, verified, block_keys(row_keys_B, start_B))
     if is_chain:  # the block is the proposals themselves, written at j
       k_hat_B, block_BxD = last_B + 1, s.nodes_BxN
     else:
-      t = tree_arrays(verified, B)
+      t = verified.arrays(B)
       k_hat_B = jnp.take_along_axis(t['depth'], last_B[:, None], axis=1)[:, 0] + 1
       path_BxD = jnp.take_along_axis(t['path'], last_B[:, None, None], axis=1)[:, 0]
       block_BxD = jnp.take_along_axis(s.nodes_BxN, path_BxD, axis=1)
@@ -915,7 +986,7 @@ def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=
       raise ValueError(f'the drafter {drafter} starts from a context: blockwise needs context_BxC')
   if rule.draws and key is None:
     raise ValueError(f'the rule {rule} draws: blockwise needs a key')
-  if not (isinstance(tree, Layout) and tree.is_chain) and fns.move is None:
+  if not tree.is_chain and fns.move is None:
     raise ValueError('a tree that is not a chain needs a move_fn (ModelFns.move)')
   first = blockwise_init(fns, state, fixed=fixed, tree=tree, rule=rule, key=key, drafter=drafter,
                          context_BxC=context_BxC)

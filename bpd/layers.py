@@ -459,7 +459,7 @@ class DecoderLayer(LayerSizes):
   def extend(self, x_BxTxD, cache, start_B, cross_mask_BxTxS, tree=None):
     """Run T new positions per row, at positions start_B[b] .. start_B[b] + T - 1. Returns (y_BxTxD, cache).
 
-    tree = (depth_N, ancestor_NxN) or per row (depth_BxN, ancestor_BxNxN) (bpd/decoding.py, mask_arg): the T = N
+    tree = (depth_N, ancestor_NxN) or per row (depth_BxN, ancestor_BxNxN) (bpd/decoding.py, Layout.mask / RowTree.mask): the T = N
     tokens are the nodes of a candidate tree, in slots start_B[b] + n at positions start_B[b] + depth[n], each seeing
     the prefix and its ancestors.
     """

@@ -350,7 +350,7 @@ class Transformer(nn.Module):
 
     Returns (head-1 logits [B, T, V], decoder output [B, T, D], new state). Only head 1 is projected
     onto the vocabulary here: verification needs nothing else (DESIGN §3, no k² projections).
-    tree = (depth_N, ancestor_NxN) numpy, or per row (depth_BxN, ancestor_BxNxN) (bpd/decoding.py, mask_arg): the
+    tree = (depth_N, ancestor_NxN) numpy, or per row (depth_BxN, ancestor_BxNxN) (bpd/decoding.py, Layout.mask / RowTree.mask): the
     T = N tokens are the nodes of a candidate tree, in slots start_B[b] + n at positions start_B[b] + depth[n], each
     attending to the prefix and its own ancestors only (layers.tree_self_mask). A separate branch: without a tree
     nothing changes.

@@ -43,7 +43,7 @@ class PromptLookup:
 
   def check(self, tree, rule) -> None:
     """UserError unless this drafter can draft `tree` for `rule`: one path (a chain), a rule that does not draw."""
-    if not getattr(tree, 'is_chain', False):
+    if not tree.is_chain:
       raise UserError(f'{self} proposes one continuation, a chain: it cannot fill the tree {tree}. Decode chains '
                       '(config.decode.ks) with it and set config.decode.trees=().')
     if rule.draws:

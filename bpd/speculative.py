@@ -31,6 +31,15 @@ decoding.chain_tree(k), D = k):
 For the chain this is Leviathan et al.'s rule exactly: drafts t_2..t_k, accept each with min(1, p/q), the first
 rejection resamples from norm(max(0, p - q)), all accepted gives a bonus token from p (here: the next free token).
 
+Every node has its own q, the distribution its token came from; the walk reads nothing else of the drafter. On a
+static tree or a chain it is the head of the node's depth (each node an independent draw). On a context-aware tree
+(decoding.Dynamic, `dynamic:N`) the tokens are not drawn: the tree is built from the free token down, of the
+heads' most likely paths, and with sequential heads each node's children come from the head fed that node's own
+token. Such a node's q is a point mass at its token: the walk accepts it with probability r(x), and a rejection
+leaves r with x removed, renormalised. The walk over siblings is then the same as drawing y ~ r and descending if
+y is one of the children: lossless whatever chose the tree, since the choice is a function of the context and the
+free token only (docs/speculative.md).
+
 Design choices:
   * Proposals are drawn from the heads' own softmax at T (not argmax). The chance that a draft is accepted is
     sum_v min(p(v), q(v)) = 1 - TV(p, q) (Leviathan et al. §3.2): heads trained with cross-entropy are
@@ -59,7 +68,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import flax
-import numpy as np
 
 from bpd import decoding
 from bpd.errors import UserError
@@ -96,13 +104,12 @@ class Sampling:
     return CRITERION if self.verify == 'token' else f'{CRITERION}:{self.verify}'
 
   def check(self, tree) -> None:
-    if isinstance(tree, decoding.Dynamic):
-      raise UserError(f'Tree spec {tree} is built from the heads\' argmax confidence for greedy acceptance; '
-                      'speculative sampling drafts independent samples: use a chain or a static tree with it.')
-    check_sampling_tree(tree.paths, tree.depth)
+    if tree.is_static:  # a context-aware tree always has the single root
+      check_sampling_tree(tree.paths, tree.depth)
     if self.verify == 'block' and not tree.is_chain:
-      raise UserError(f'{self} verifies a chain (the paths (0,), (0, 0), ..., one draft per depth); {tree.paths} '
-                      f'is not one. Use {CRITERION!r} for trees (recursive rejection), or decode the chain.')
+      raise UserError(f'{self} verifies a chain (the paths (0,), (0, 0), ..., one draft per depth); '
+                      f'{tree.paths if tree.is_static else tree} is not one. Use {CRITERION!r} for trees (recursive '
+                      'rejection), or decode the chain.')
 
   def ends_early(self, tree) -> bool:
     return True  # the free token is a sample of the next token: where it ends the row it is the row's end
@@ -111,27 +118,38 @@ class Sampling:
     """The distribution of the first free token: p_1 after BOS."""
     return _softmax(logits_BxV, self.temperature, self.top_k, self.top_p)
 
+  def first(self, target_BxV, tree, keys_B):
+    """The free token, node 0, drawn from target_BxV with the block's first uniform."""
+    return _inverse_cdf(target_BxV, _uniforms(keys_B, tree.num_nodes)[:, 0, 0])
+
   def draft(self, target_BxV, heads_BxDm1xV, tree, keys_B):
-    """Node 0 (the free token) drawn from target_BxV; node n at depth d >= 1 a draft from q_{d+1} =
-    softmax(head_{d+1} / T), each node with its own uniform. memo: the heads' logits (the drafts' q)."""
+    """Node 0 (the free token) drawn from target_BxV; on a static tree node n at depth d >= 1 a draft from
+    q_{d+1} = softmax(head_{d+1} / T), each node with its own uniform; memo {'q_logits': the heads' logits}. A tree
+    built per row (decoding.RowTree) holds its tokens already, chosen from the free token down: memo {} (each
+    node's q a point mass at its token, module docstring)."""
+    if tree.token_BxN is not None:  # built per row by decoding.Dynamic from `first`
+      return tree.token_BxN, {}
     heads_BxDm1xV = heads_BxDm1xV.astype(jnp.float32)
-    q_BxDm1xV = _softmax(heads_BxDm1xV, self.temperature, self.top_k, self.top_p)
     u_BxN = _uniforms(keys_B, tree.num_nodes)[:, 0]
-    free_B = _inverse_cdf(target_BxV, u_BxN[:, 0])
+    free_B = _inverse_cdf(target_BxV, u_BxN[:, 0])  # = first(...)
     if tree.num_nodes == 1:
-      return free_B[:, None], heads_BxDm1xV
+      return free_B[:, None], {'q_logits': heads_BxDm1xV}
+    q_BxDm1xV = _softmax(heads_BxDm1xV, self.temperature, self.top_k, self.top_p)
     drafts_BxM = _inverse_cdf(q_BxDm1xV[:, tree.depth_N[1:] - 1], u_BxN[:, 1:])
-    return jnp.concatenate([free_B[:, None], drafts_BxM], axis=1), heads_BxDm1xV
+    return jnp.concatenate([free_B[:, None], drafts_BxM], axis=1), {'q_logits': heads_BxDm1xV}
 
   def accept(self, nodes_BxN, logits_BxNxV, memo, tree, keys_B):
     """The walk (module docstring): the last accepted node and the distribution of the next free token."""
     coins_BxN = _uniforms(keys_B, tree.num_nodes)[:, 1]
     # p and q truncated alike (top_k, top_p): the walk then samples the truncated model exactly.
     p_BxNxV = _softmax(logits_BxNxV, self.temperature, self.top_k, self.top_p)
-    q_BxDm1xV = _softmax(memo, self.temperature, self.top_k, self.top_p)
+    parent_BxN = tree.arrays(nodes_BxN.shape[0])['parent']
+    if 'q_logits' not in memo:  # tokens chosen as the tree was built: a point mass at each
+      return walk(p_BxNxV, point_masses(nodes_BxN, p_BxNxV.shape[-1]), nodes_BxN, coins_BxN, parent_BxN)
+    q_BxDm1xV = _softmax(memo['q_logits'], self.temperature, self.top_k, self.top_p)
     if self.verify == 'block':
       return block_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN)
-    return walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree)
+    return walk(p_BxNxV, lambda n: q_BxDm1xV[:, tree.depth_N[n] - 1], nodes_BxN, coins_BxN, parent_BxN)
 
 
 def parse_rule(spec, k: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
@@ -246,37 +264,36 @@ def _inverse_cdf(probs_Bx___xV, u_Bx___):
   return jnp.minimum(index, probs_Bx___xV.shape[-1] - 1).astype(jnp.int32)
 
 
-def walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree: decoding.Layout):
+def point_masses(nodes_BxN, vocab_size: int):
+  """node_q for tokens that were chosen, not drawn: node n's q is one_hot(its token), float32 [B, V]."""
+  return lambda n: jax.nn.one_hot(nodes_BxN[:, n], vocab_size, dtype=jnp.float32)
+
+
+def walk(p_BxNxV, node_q, nodes_BxN, coins_BxN, parent_BxN):
   """Recursive rejection down the tree, token by token (module docstring; docs/speculative.md). Returns (last
   accepted node cur_B, distribution of the next free token r_BxV).
 
-  p_BxNxV: head 1 at every node (the exact distribution of the token after the node's path); q_BxDm1xV[:, d-1]: the
-  distribution every depth-d draft was drawn from; coins_BxN: uniform (0, 1] per node.
+  p_BxNxV: head 1 at every node (the exact distribution of the token after the node's path); node_q(n) -> [B, V]:
+  the distribution node n's token came from (q(x) > 0 at its token x); coins_BxN: uniform (0, 1] per node;
+  parent_BxN: the tree's parents (a static tree's broadcast), nodes in canonical order: a parent before its
+  children, siblings in the order they are tried.
   """
-  depth_N, parent_N = tree.depth_N, tree.parent_N
   B = p_BxNxV.shape[0]
   rows = jnp.arange(B)
-  cur_B = jnp.zeros((B,), jnp.int32)        # the root: the free token, accepted by construction
-  p_cur_BxV = p_BxNxV[:, 0]
-  r_BxV = p_cur_BxV                          # the target the current node's children are tested against
-  going_B = jnp.ones((B,), bool)             # every node so far accepted and the walk not stopped
-  for depth in range(1, tree.depth):
-    q_BxV = q_BxDm1xV[:, depth - 1]
-    found_B, next_B = jnp.zeros((B,), bool), cur_B
-    for n in np.nonzero(depth_N == depth)[0]:  # canonical order: siblings by rank, the order they are tried in
-      tried_B = going_B & ~found_B & (cur_B == parent_N[n])
-      x_B = nodes_BxN[:, n]
-      # Accept x with probability min(1, r(x) / q(x)): u * q(x) < r(x) with u uniform in (0, 1] (q(x) > 0: x ~ q).
-      accept_B = tried_B & (coins_BxN[:, n] * q_BxV[rows, x_B] < r_BxV[rows, x_B])
-      found_B, next_B = found_B | accept_B, jnp.where(accept_B, n, next_B)
-      # SpecInfer: the next sibling is tested against what the rejection left.
-      r_BxV = jnp.where((tried_B & ~accept_B)[:, None], _residual(r_BxV, q_BxV), r_BxV)
-    # Descend where a child was accepted: its head-1 output is the target of its own children.
-    p_next_BxV = p_BxNxV[rows, next_B]
-    r_BxV = jnp.where(found_B[:, None], p_next_BxV, r_BxV)
-    p_cur_BxV = jnp.where(found_B[:, None], p_next_BxV, p_cur_BxV)
-    cur_B = next_B
-    going_B = going_B & found_B
+  cur_B = jnp.zeros((B,), jnp.int32)  # the root: the free token, accepted by construction
+  r_BxV = p_BxNxV[:, 0]               # the target the current node's children are tested against
+  for n in range(1, nodes_BxN.shape[1]):
+    # Only the current node's children are tried. After an acceptance the walk has moved to that child, so its
+    # later siblings are not tried; after its last child was rejected no later node has it as parent: it stops.
+    tried_B = parent_BxN[:, n] == cur_B
+    x_B, q_BxV = nodes_BxN[:, n], node_q(n)
+    # Accept x with probability min(1, r(x) / q(x)): u * q(x) < r(x) with u uniform in (0, 1].
+    accept_B = tried_B & (coins_BxN[:, n] * q_BxV[rows, x_B] < r_BxV[rows, x_B])
+    # Descend where accepted (the child's head-1 output is the target of its own children); SpecInfer: where
+    # rejected, the next sibling is tested against what the rejection left.
+    r_BxV = jnp.where(accept_B[:, None], p_BxNxV[:, n],
+                      jnp.where((tried_B & ~accept_B)[:, None], _residual(r_BxV, q_BxV), r_BxV))
+    cur_B = jnp.where(accept_B, n, cur_B)
   return cur_B, r_BxV
 
 

@@ -29,6 +29,9 @@ from bpd import decoding
 from bpd import files
 from bpd.errors import UserError
 
+# Trees built per row and iteration (decoding.TreePolicy), by spec name: POLICIES[name](N, k) is the policy of the spec
+# 'name:N' for a model of k heads. A new policy is its own file (the class) and one line here.
+POLICIES = {'dynamic': lambda num_nodes, k: decoding.Dynamic(num_nodes=num_nodes, depth=k)}
 TREES_FILE = 'trees.json'  # in the model's workdir: the measured agreement and the trees built from it
 TREE_SPEC_HELP = ("a tree spec is 'chain', 'comb:R' (R >= 1), 'dense:R' (R >= 1), 'nodes:N' (N >= 1, built from "
                   f"the model's {TREES_FILE}: python -m experiments.diagnostics --mode=choose_tree) or 'dynamic:N' "
@@ -117,12 +120,12 @@ def write_trees(workdir: str, agreement_KxR, trees: dict, meta: dict) -> str:
 
 def parse_tree_spec(spec: str, k: int, workdir: str | None = None, vocab_size: int | None = None):
   """The tree of a spec for a model with k heads: a decoding.Layout ('chain' is the chain of k), or a
-  decoding.Dynamic for 'dynamic:N'. UserError for a bad spec or a missing trees.json, before anything compiles."""
+  decoding.TreePolicy for a name of POLICIES ('dynamic:N'). UserError for a bad spec or a missing trees.json, before anything compiles."""
   name, _, arg = str(spec).partition(':')
   if name == 'chain' and not arg:
     return decoding.chain(k)
-  if name == 'dynamic':
-    tree = decoding.Dynamic(num_nodes=_spec_count(spec, arg, 'N'), depth=k)
+  if name in POLICIES:
+    tree = POLICIES[name](_spec_count(spec, arg, 'N'), k)
     tree.check(vocab_size or 1 << 30)
     return tree
   if name != 'nodes':

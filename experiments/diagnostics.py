@@ -275,7 +275,7 @@ def candidates(logp_PxDm1xR, beam: int) -> dict:
   def nodes(logp_PxDm1xR):  # the tokens do not matter here: rank r stands for head d + 1's r-th choice
     top_ranks = lambda d, _: (logp_PxDm1xR[:, None, d - 1, :].astype(jnp.float32),
                               jnp.broadcast_to(jnp.arange(R, dtype=jnp.int32), (P, 1, R)))
-    return policy.candidate_nodes(jnp.zeros((P,), jnp.int32), top_ranks, R)
+    return policy.candidate_nodes(jnp.zeros((P,), jnp.int32), top_ranks)
 
   c = jax.device_get(nodes(jnp.asarray(logp_PxDm1xR)))
   return {'score_PxM': np.asarray(c.score_BxM), 'depth_M': np.array(c.depth_M), 'path_PxMxD': np.asarray(c.path_BxMxD),

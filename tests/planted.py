@@ -11,6 +11,10 @@ import numpy as np
 from bpd import speculative
 
 PLANTS = ('no_residual', 'no_bonus', 'q_temperature', 'stale_residual')
+# On a tree built per row (decoding.Dynamic), whose tokens are chosen, not drawn: 'depth_q' takes each node's token
+# for a draft of its depth's head (the one q per depth a static tree has) instead of a point mass at it;
+# 'stale_residual' and 'no_residual' as above.
+ROW_TREE_PLANTS = ('depth_q', 'stale_residual', 'no_residual')
 BLOCK_PLANTS = ('first_failure', 'unweighted_residual', 'memoryless_weight', 'residual_q_off_by_one', 'none')
 
 
@@ -19,12 +23,15 @@ class Planted:
   draws = True
 
   def __init__(self, base: speculative.Sampling, plant: str):
-    if plant not in PLANTS + BLOCK_PLANTS:
-      raise ValueError(f'unknown plant {plant!r}; one of {PLANTS + BLOCK_PLANTS}')
+    if plant not in PLANTS + BLOCK_PLANTS + ROW_TREE_PLANTS:
+      raise ValueError(f'unknown plant {plant!r}; one of {PLANTS + BLOCK_PLANTS + ROW_TREE_PLANTS}')
     self.base, self.plant = base, plant
 
   def check(self, tree):
     self.base.check(tree)
+
+  def first(self, target, tree, keys_B):
+    return self.base.first(target, tree, keys_B)
 
   def ends_early(self, tree):
     return self.base.ends_early(tree)
@@ -33,15 +40,20 @@ class Planted:
     return self.base.target(logits_BxV)
 
   def draft(self, target, heads_BxDm1xV, tree, keys_B):
-    return self.base.draft(target, heads_BxDm1xV, tree, keys_B)
+    nodes_BxN, memo = self.base.draft(target, heads_BxDm1xV, tree, keys_B)
+    if tree.per_row and self.plant == 'depth_q':
+      memo = {'depth_q_logits': heads_BxDm1xV.astype(jnp.float32)}  # (independent heads: propose_fn's)
+    return nodes_BxN, memo
 
   def accept(self, nodes_BxN, logits_BxNxV, memo, tree, keys_B):
     base = self.base
     if self.plant == 'q_temperature':  # drafts drawn at T, but min(1, p/q) and the residual use q at T = 1
-      return base.accept(nodes_BxN, logits_BxNxV, memo * base.temperature, tree, keys_B)
+      return base.accept(nodes_BxN, logits_BxNxV, {'q_logits': memo['q_logits'] * base.temperature}, tree, keys_B)
     coins_BxN = speculative._uniforms(keys_B, tree.num_nodes)[:, 1]
     p_BxNxV = speculative._softmax(logits_BxNxV, base.temperature, base.top_k, base.top_p)
-    q_BxDm1xV = speculative._softmax(memo, base.temperature, base.top_k, base.top_p)
+    if tree.per_row:
+      return _planted_row_tree_walk(p_BxNxV, memo, nodes_BxN, coins_BxN, tree, self.plant, base)
+    q_BxDm1xV = speculative._softmax(memo['q_logits'], base.temperature, base.top_k, base.top_p)
     if self.plant in BLOCK_PLANTS:
       return _planted_block_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, self.plant)
     return _planted_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree, self.plant)
@@ -83,6 +95,29 @@ def _planted_walk(p_BxNxV, q_BxDm1xV, nodes_BxN, coins_BxN, tree, plant):
     leaf_B = ~jnp.asarray(has_child_N)[cur_B]
     cur_B = jnp.where(leaf_B, 0, cur_B)
     r_BxV = jnp.where(leaf_B[:, None], first_residual_BxV, r_BxV)
+  return cur_B, r_BxV
+
+
+def _planted_row_tree_walk(p_BxNxV, memo, nodes_BxN, coins_BxN, tree, plant, base):
+  """speculative.walk on a tree built per row, with a planted error (ROW_TREE_PLANTS)."""
+  B, N, V = p_BxNxV.shape
+  rows = jnp.arange(B)
+  if plant == 'depth_q':
+    q_BxDm1xV = speculative._softmax(memo['depth_q_logits'], base.temperature, base.top_k, base.top_p)
+    node_q = lambda n: q_BxDm1xV[rows, tree.depth_BxN[:, n] - 1]
+  else:
+    node_q = speculative.point_masses(nodes_BxN, V)
+  cur_B = jnp.zeros((B,), jnp.int32)
+  p_cur_BxV = r_BxV = p_BxNxV[:, 0]
+  for n in range(1, N):
+    tried_B = tree.parent_BxN[:, n] == cur_B
+    x_B, q_BxV = nodes_BxN[:, n], node_q(n)
+    target_BxV = p_cur_BxV if plant == 'stale_residual' else r_BxV  # every sibling against p, not the residual
+    accept_B = tried_B & (coins_BxN[:, n] * q_BxV[rows, x_B] < target_BxV[rows, x_B])
+    rejected_BxV = target_BxV if plant == 'no_residual' else speculative._residual(target_BxV, q_BxV)
+    r_BxV = jnp.where(accept_B[:, None], p_BxNxV[:, n], jnp.where((tried_B & ~accept_B)[:, None], rejected_BxV, r_BxV))
+    p_cur_BxV = jnp.where(accept_B[:, None], p_BxNxV[:, n], p_cur_BxV)
+    cur_B = jnp.where(accept_B, n, cur_B)
   return cur_B, r_BxV
 
 

@@ -286,6 +286,19 @@ class SoftStub:
       out.append(self.head_scale * self.logits(h) + self.head_noise * (noise - 0.5))
     return jnp.stack(out, axis=1)
 
+  def expand_fn(self, hidden, depth, parents_BxW):
+    """Heads fed their parent's token (bpd.decoding.ModelFns.expand; as sequential heads are): for each of W
+    parents at depth - 1, the logits head 1 would give after head 1's argmax path of depth - 1 tokens and then
+    the parent's token, times head_scale, plus head_noise times hash noise of (that hash, depth): [B, W, V]. A
+    parent's children depend on the parent, as a sequential head's do; close to the truth, never equal to it."""
+    h = hidden['h']
+    for _ in range(depth - 1):
+      h = _mix(h, jnp.argmax(self.logits(h), axis=-1))
+    h_BxW = _mix(h[:, None], parents_BxW)
+    noise = (_mix(_mix(h_BxW, jnp.full_like(h_BxW, 7919 * (depth + 1)))[..., None],
+                  jnp.arange(self.vocab_size, dtype=jnp.uint32)) % np.uint32(1000)).astype(jnp.float32) / 1000.0
+    return self.head_scale * self.logits(h_BxW) + self.head_noise * (noise - 0.5)
+
   def exact_distribution(self, seed, max_len, temperature, top_k=0, top_p=1.0):
     """{output tokens (EOS included): probability} of ancestral sampling at `temperature`, enumerated in numpy;
     truncated to the top_k most likely tokens, then to the smallest set of most likely tokens whose probability

@@ -39,16 +39,27 @@ SEED = 5  # the stub's source: every row decodes the same source
 TREE = ((0,), (0, 0), (0, 1), (0, 2), (0, 0, 0), (0, 0, 1), (0, 1, 0))  # siblings at depths 1 and 2
 
 
+# A context-aware tree (decoding.Dynamic) of 6 nodes over the stub's 3 heads: 2 beam nodes per depth, 3 ranks each.
+DYNAMIC = decoding.Dynamic(6, 3, beam=2, ranks=3)
+
+
 @functools.partial(jax.jit, static_argnames=('stub', 'batch_size', 'max_len', 'paths', 'plant', 'top_k', 'top_p',
-                                             'verify'))
+                                             'verify', 'sequential'))
 def _sample(key, seed_B, temperature, *, stub, batch_size, max_len, paths=None, plant=None, top_k=0, top_p=1.0,
-            verify='token'):
-  tree = decoding.layout(decoding.check_tree(paths or decoding.chain_tree(stub.k), stub.k))
+            verify='token', sequential=False):
+  """paths: a topology (None: the chain of stub.k) or a decoding.Dynamic; sequential: the heads are fed their
+  parent's token (SoftStub.expand_fn), as sequential heads are."""
+  if isinstance(paths, decoding.Dynamic):
+    tree = paths
+  else:
+    tree = decoding.layout(decoding.check_tree(paths or decoding.chain_tree(stub.k), stub.k))
   state = stub.init_state(seed_B, max_len + tree.num_nodes + 1)
   rule = speculative.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, verify=verify)
   if plant:
     rule = planted.Planted(rule, plant)
-  return decoding.blockwise(decoding.ModelFns(stub.score_fn, stub.propose_fn, stub.move_fn), state,
+  rule.check(tree)
+  return decoding.blockwise(decoding.ModelFns(stub.score_fn, stub.propose_fn, stub.move_fn,
+                                              expand=stub.expand_fn if sequential else None), state,
                             fixed=decoding.Fixed(batch_size=batch_size, max_len=max_len, bos_id=BOS, eos_id=EOS),
                             tree=tree, rule=rule, key=key)
 
@@ -92,9 +103,10 @@ def assert_matches_ancestral(result, stub, max_len, temperature, top_k=0, top_p=
   return statistic
 
 
-def _batch(stub, max_len, temperature, paths=None, plant=None, key=0, top_k=0, top_p=1.0):
+def _batch(stub, max_len, temperature, paths=None, plant=None, key=0, top_k=0, top_p=1.0, sequential=False):
   return _sample(jax.random.PRNGKey(key), jnp.full((SAMPLES,), SEED, jnp.uint32), jnp.float32(temperature),
-                 stub=stub, batch_size=SAMPLES, max_len=max_len, paths=paths, plant=plant, top_k=top_k, top_p=top_p)
+                 stub=stub, batch_size=SAMPLES, max_len=max_len, paths=paths, plant=plant, top_k=top_k, top_p=top_p,
+                 sequential=sequential)
 
 
 # -- the reference itself ----------------------------------------------------------------------------------
@@ -229,6 +241,44 @@ def test_planted_errors_fail_the_distribution_test(plant, paths, max_len):
     assert_matches_ancestral(_batch(stub, max_len, 0.6, paths=paths, plant=plant), stub, max_len, 0.6)
 
 
+# -- context-aware trees: tokens chosen from the free token down, each node's q a point mass ------------------
+
+@pytest.mark.parametrize('sequential', [False, True], ids=['independent', 'sequential'])
+@pytest.mark.parametrize('max_len, temperature, top_p', [(3, 1.0, 1.0), (4, 0.6, 1.0), (3, 1.0, 0.8)])
+def test_context_aware_tree_samples_follow_the_model(sequential, max_len, temperature, top_p):
+  """dynamic:N trees, with independent heads (one choice list per depth) and with heads fed their parent's token
+  (each node's children its own), sample the model exactly; the trees branch and accept more than the free token."""
+  stub = SoftStub(k=3)
+  result = _batch(stub, max_len, temperature, paths=DYNAMIC, top_p=top_p, sequential=sequential)
+  assert_matches_ancestral(result, stub, max_len, temperature, top_p=top_p)
+  tokens_per_iteration = float(np.sum(result.length_B) / np.maximum(np.sum(result.iterations_B), 1))
+  assert tokens_per_iteration > 1.2, tokens_per_iteration
+
+
+def test_a_context_aware_tree_of_parent_fed_heads_has_children_that_differ_by_parent():
+  """The subject of the test above is a parent-conditioned tree: in the stub's sequential trees, siblings of
+  different parents at one depth hold different tokens somewhere in the batch."""
+  stub = SoftStub(k=3)
+  hidden = {'h': jnp.arange(1, 65, dtype=jnp.uint32) * np.uint32(2654435761)}
+  built = DYNAMIC.build(jnp.full((64,), 2, jnp.int32), lambda d, parents_BxW: stub.expand_fn(hidden, d, parents_BxW))
+  token, parent, depth, rank = (np.asarray(x) for x in (built.token_BxN, built.parent_BxN, built.depth_BxN,
+                                                        built.rank_BxN))
+  differ = [b for b in range(64) if len({token[b, n] for n in range(DYNAMIC.num_nodes)
+                                         if depth[b, n] == 2 and rank[b, n] == 0}) > 1]
+  assert differ, 'every rank-0 child at depth 2 has the same token whatever its parent'
+
+
+@pytest.mark.parametrize('plant, sequential', [
+    ('depth_q', False),         # chosen tokens taken for draws of their depth's head: the static tree's one q
+    ('stale_residual', True),   # a sibling tested against p, not against what the earlier rejections left
+    ('no_residual', True),      # a rejected child left in the target: the free token may repeat it
+])
+def test_planted_errors_on_context_aware_trees_fail_the_distribution_test(plant, sequential):
+  stub = SoftStub(k=3)
+  with pytest.raises(AssertionError, match='chi-square'):
+    assert_matches_ancestral(_batch(stub, 3, 1.0, paths=DYNAMIC, plant=plant, sequential=sequential), stub, 3, 1.0)
+
+
 # -- streams, errors ---------------------------------------------------------------------------------------
 
 def test_same_seed_same_samples_and_a_row_ignores_the_other_rows():
@@ -291,3 +341,22 @@ def test_near_zero_temperature_is_greedy_on_the_real_model(real_model):
   warm = decoder.blockwise(params, src, speculative.Sampling(temperature=1.0), tree, seed=0)
   assert not np.array_equal(np.asarray(warm.tokens_BxL), np.asarray(greedy_tokens))
   assert decoding.summarize(warm)['iterations'] < int(np.asarray(warm.length_B).sum())  # some blocks of 2+
+
+
+@pytest.mark.parametrize('head_type', ['independent', 'sequential'])
+def test_near_zero_temperature_on_a_context_aware_tree_is_greedy_on_the_real_model(head_type):
+  """The same on `dynamic:8` trees, built from the sampled free token down (sequential heads: each node's children
+  from the head fed its own token, ModelFns.expand), each node's q a point mass: at T = 1e-6 the walk accepts a
+  child iff it is head 1's choice, so the output is greedy's through the model's per-row tree masks and moves."""
+  from bpd import model as model_lib  # pylint: disable=g-import-not-at-top
+  config = model_lib.model_config('tiny', vocab_size=24, k=3, dropout_rate=0.0, d_model=32, head_type=head_type)
+  params = jax.jit(lambda rng: model_lib.init_params(config, rng))(jax.random.PRNGKey(0))
+  decoder = decoder_lib.Decoder(model_lib.Transformer(config), max_len=10, eos_id=1)
+  src = np.random.RandomState(0).randint(3, 24, size=(4, 6)).astype(np.int32)
+  greedy = decoder.greedy(params, src)
+  tree = decoding.Dynamic(8, 3)
+  cold = decoder.blockwise(params, src, speculative.Sampling(temperature=1e-6), tree, seed=0)
+  np.testing.assert_array_equal(np.asarray(cold.tokens_BxL), np.asarray(greedy.tokens_BxL))
+  np.testing.assert_array_equal(np.asarray(cold.length_B), np.asarray(greedy.length_B))
+  warm = decoder.blockwise(params, src, speculative.Sampling(temperature=1.0), tree, seed=0)
+  assert not np.array_equal(np.asarray(warm.tokens_BxL), np.asarray(greedy.tokens_BxL))

@@ -231,7 +231,7 @@ def test_a_tree_expanded_per_parent_gives_each_node_its_parents_choice():
   B, V, tree = 5, 12, decoding.Dynamic(10, 4, beam=3, ranks=3)
   head1_BxV = jax.random.normal(jax.random.PRNGKey(0), (B, V))
   table_DxVxV = 3.0 * jax.random.normal(jax.random.PRNGKey(1), (4, V, V))  # [depth, parent token, child logits]
-  built = tree.build(head1_BxV, lambda d, parents_BxW: table_DxVxV[d][parents_BxW])
+  built = tree.build(decoding.argmax(head1_BxV), lambda d, parents_BxW: table_DxVxV[d][parents_BxW])
   token, parent, depth, rank = (np.asarray(x) for x in (built.token_BxN, built.parent_BxN, built.depth_BxN,
                                                         built.rank_BxN))
   assert (token[:, 0] == np.argmax(np.asarray(head1_BxV), axis=1)).all()
@@ -266,7 +266,7 @@ def test_dynamic_trees_differ_per_row_and_accept_more_than_a_static_tree_of_the_
   tree = decoding.Dynamic(8, 4, beam=4, ranks=4)
   head1_BxV = jax.random.normal(jax.random.PRNGKey(0), (6, 16))
   heads_BxDm1xV = 3.0 * jax.random.normal(jax.random.PRNGKey(1), (6, 3, 16))
-  built = tree.build(head1_BxV, lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
+  built = tree.build(decoding.argmax(head1_BxV), lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
   parents = np.asarray(built.parent_BxN)
   assert len({tuple(row) for row in parents.tolist()}) > 1
   assert (parents[:, 0] == -1).all() and (parents[:, 1:] >= 0).all() and (parents[:, 1:] < np.arange(1, 8)).all()
@@ -419,7 +419,7 @@ def test_tree_scores_match_full_recompute(toy_model, attention_block):
   nodes = rng.randint(3, 24, size=(B, N))
   fns = model_lib.decode_fns(model, params)
   init_state, score_fn = fns.init, fns.score
-  tree = decoding.mask_arg(layout)
+  tree = layout.mask()
   score_tree = jax.jit(lambda state, tokens, start: score_fn(state, tokens, start, tree))
   init_state, score_fn = jax.jit(init_state, static_argnums=1), jax.jit(score_fn)
   state = init_state(jnp.asarray(src), 5 + N + 8)
@@ -566,8 +566,9 @@ def test_trees_without_a_k_of_two_and_repeated_ks_are_refused_before_compiling(t
     ({'model.draft_vocab': -1}, 'draft_vocab=-1'),
     ({'decode.trees': ('comb:2',), 'decode.criteria': ('speculative:block',), 'decode.temperature': 1.0},
      "names 'comb:2', but no criterion .* verifies a chain"),
-    ({'decode.trees': ('dynamic:8',), 'decode.criteria': ('speculative',), 'decode.temperature': 1.0},
-     "names 'dynamic:8', but no criterion"),
+    ({'decode.trees': ('dynamic:8',), 'decode.criteria': ('speculative:block',), 'decode.temperature': 1.0},
+     "names 'dynamic:8', but no criterion .* verifies a chain"),
+    ({'decode.trees': ('dynamic:8',), 'decode.criteria': ('speculative',), 'decode.temperature': 1.0}, None),
     ({'decode.trees': ('comb:2',), 'decode.criteria': ('min_block:2',), 'decode.ks': (3,)}, None),  # it runs
 ])
 def test_new_settings_refuse_bad_values_before_compiling(overrides, message, tmp_path):
@@ -602,3 +603,35 @@ def test_typed_rules_check_their_own_fields(make, message):
   with pytest.raises(UserError, match=message):
     make()
   assert str(speculative.Sampling(verify='block')) == 'speculative:block'
+
+
+@pytest.mark.parametrize('expand', [False, True], ids=['independent', 'sequential'])
+def test_the_design_notes_example_tree_policy_decodes_greedy(expand, tmp_path):
+  """docs/DESIGN.md's worked example of a new tree policy, executed and registered as written: the spec resolves
+  through trees.POLICIES, the sweep's checks accept it, and exact decoding over it is greedy's, token for token,
+  with heads read once per depth or fed the root (Stub.expand_fn); some iterations accept two tokens."""
+  import os  # pylint: disable=g-import-not-at-top
+  text = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'DESIGN.md')).read()
+  section = text.split('### Adding a tree policy')[1].split('\n### ')[0]
+  code, registration = [block.split('```')[0] for block in section.split('```python')[1:3]]
+  scope = {'dataclasses': dataclasses, 'jax': jax, 'jnp': jnp, 'UserError': UserError, 'decoding': decoding,
+           'trees': trees}
+  exec(code, scope)  # pylint: disable=exec-used
+  saved = dict(trees.POLICIES)
+  try:
+    exec(registration, scope)  # pylint: disable=exec-used
+    tree = trees.parse_tree_spec('fan:4', 4, str(tmp_path), vocab_size=16)
+    with pytest.raises(UserError, match='needs proposal heads'):
+      trees.parse_tree_spec('fan:4', 1, str(tmp_path), vocab_size=16)
+  finally:
+    trees.POLICIES.clear()
+    trees.POLICIES.update(saved)
+  assert str(tree) == 'fan:4' and tree.depth == 2
+  stub = Stub(vocab_size=16, k=4, head_accuracy=0.5, runner_up_accuracy=0.9)
+  rng = np.random.RandomState(0)
+  seed_B, eos_at_B = rng.randint(0, 2**31, size=8), np.full(8, 100)
+  reference_tokens = stub.reference_greedy(seed_B, eos_at_B, 20)
+  result = _decode(jnp.asarray(seed_B), jnp.asarray(eos_at_B), stub, batch_size=8, tree=tree, max_len=20,
+                   criterion=decoding.EXACT, expand=expand)
+  np.testing.assert_array_equal(np.asarray(result.tokens_BxL), reference_tokens)
+  assert int(np.asarray(result.block_counts_BxK)[:, 1:].sum()) > 0  # blocks of 2 or more

@@ -33,12 +33,16 @@ KS = (2, 4, 8)
 
 
 def load(root, model):
-  path = os.path.join(root, model, 'decode', 'results.json')
-  if not os.path.exists(path):
-    return None
-  with open(path, encoding='utf-8') as f:
-    data = json.load(f)
-  return data['results'] if isinstance(data, dict) and 'results' in data else data
+  """The rows of ROOT/<model>/decode/results.json, and of ROOT/val_<model>/ (a later sweep of a split the first
+  one did not decode, in a folder of links to the model so that the first results stay as they are)."""
+  rows = []
+  for folder in (model, f'val_{model}'):
+    path = os.path.join(root, folder, 'decode', 'results.json')
+    if os.path.exists(path):
+      with open(path, encoding='utf-8') as f:
+        data = json.load(f)
+      rows += data['results'] if isinstance(data, dict) and 'results' in data else data
+  return rows or None
 
 
 def greedy_bleu(rows, split):
@@ -86,18 +90,18 @@ def main(root):
     print('|---|---|---|' + '---|' * (len(TREES) * len(KS) + 2))
     for folder, column, corpus in MODELS:
       rows = load(root, folder)
-      if not rows:
+      if not rows or not any(block(rows, split, tree, k) for tree in TREES for k in KS):
         continue
       cells, identical = [], []
       for tree in TREES:
         for k in KS:
           got = block(rows, split, tree, k)
-          cells.append(f'{got[0]:.2f}' if got else '')
+          cells.append(f'{got[0]:.2f}' if got else '–')  # dynamic:N at k' = 2 has too few candidates
           if got:
             identical.append(got[1])
       paper = ' / '.join(f'{PAPER[column][k][1]:.2f}' for k in KS)
       print(f'| {column} | {folder.rsplit("_", 1)[1]} | {corpus} | ' + ' | '.join(cells) +
-            f' | {min(identical) if identical else float("nan"):.3f} | {paper} |')
+            f' | {min(identical):.3f} | {paper} |')
     print()
 
 
