@@ -17,6 +17,7 @@ from bpd import draft_vocab
 from bpd import drafters
 from bpd import matmul
 from bpd import model as model_lib
+from bpd import rules as rules_lib
 from bpd import speculative
 from bpd import trees
 from bpd.data import images
@@ -157,8 +158,8 @@ def check_decode(config, workdir: str, model_config) -> list:
     raise UserError(f'config.decode.temperature={temperature} must be >= 0 (0: no sampling; 1: the model\'s own '
                     'distribution; below 1 sharper).')
   speculative.check_truncation(dc.sample_top_k, dc.sample_top_p)
-  rules = [speculative.parse_rule(spec, k=model_k if model_k > 1 else None, temperature=temperature,  # raises
-                                  top_k=dc.sample_top_k, top_p=dc.sample_top_p) for spec in dc.criteria]
+  rules = [rules_lib.parse(spec, k=model_k if model_k > 1 else None, temperature=temperature,  # raises
+                           top_k=dc.sample_top_k, top_p=dc.sample_top_p) for spec in dc.criteria]
   for field in ('batch_sizes',):
     if any(b < 1 for b in dc[field]):
       raise UserError(f'config.decode.{field}={tuple(dc[field])}: batch sizes must be at least 1.')
@@ -175,7 +176,7 @@ def check_decode(config, workdir: str, model_config) -> list:
     raise UserError(f'config.decode.sample_top_k={dc.sample_top_k} / sample_top_p={dc.sample_top_p} truncate '
                     'sampling, but config.decode.temperature is 0 (no sampling): set '
                     '--config.decode.temperature=T > 0 or leave them at 0 / 1.')
-  sampling = [str(rule) for rule in rules if isinstance(rule, speculative.Sampling)]
+  sampling = [str(rule) for rule in rules if rule.draws]
   if sampling and temperature <= 0:
     raise UserError(f'config.decode.criteria contains {sampling[0]!r}, which samples at config.decode.temperature, '
                     'but the temperature is 0: set --config.decode.temperature=T > 0 (1: the model\'s own '

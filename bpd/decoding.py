@@ -219,10 +219,7 @@ class Criterion:
         parent_logits_BxNxV = jnp.take_along_axis(logits_BxNxV, safe_BxN[..., None], axis=1)
         ok_BxN = (parent_BxN < 0) | accept_mask(self, nodes_BxN, parent_logits_BxNxV,
                                                  jnp.take_along_axis(best_BxN, safe_BxN, axis=1))
-      # A node is accepted when it and all its ancestors pass; the deepest accepted node wins (ties: the first in
-      # canonical order, the higher-ranked choices).
-      accepted_BxN = ~jnp.any(t['ancestor'] & ~ok_BxN[:, None, :], axis=-1)
-      last_B = jnp.argmax(jnp.where(accepted_BxN, t['depth'] + 1, 0), axis=1).astype(jnp.int32)
+      last_B = deepest_accepted(ok_BxN, tree)
       if self.min_block > 1:  # forced: the all-rank-0 path of min_block nodes (the chain's first L proposals)
         forced = int(tree.zero_path_D[self.min_block - 1])
         last_B = jnp.where(t['depth'][rows, last_B] + 1 < self.min_block, forced, last_B)
@@ -230,6 +227,24 @@ class Criterion:
 
 
 EXACT = Criterion()
+
+
+def deepest_accepted(ok_BxN: jax.Array, tree) -> jax.Array:
+  """The tree reduction of every rule that checks each node on its own (a chain, a static or a per-row tree):
+  a node is accepted when it and all its ancestors pass, and the deepest accepted node wins (ties: the first in
+  canonical order, the higher-ranked choices). ok_BxN [B, N] bool: node n passed its check (a root passes when it
+  is the next token itself). Returns last_B [B] int32, the node whose depth + 1 is k̂."""
+  t = tree.arrays(ok_BxN.shape[0])
+  accepted_BxN = ~jnp.any(t['ancestor'] & ~ok_BxN[:, None, :], axis=-1)
+  return jnp.argmax(jnp.where(accepted_BxN, t['depth'] + 1, 0), axis=1).astype(jnp.int32)
+
+
+def parent_rows(x_BxNx___: jax.Array, tree) -> jax.Array:
+  """x [B, N, ...] at each node's parent: what scores node n is its parent's head-1 output (paper §3: position
+  j+i's output checks the proposal for j+i+1). A root has no parent in the call and gets node 0's row, which a
+  rule must not read as its check (the next token passes; other roots are checked when drafted)."""
+  parent_BxN = jnp.maximum(tree.arrays(x_BxNx___.shape[0])['parent'], 0)
+  return jnp.take_along_axis(x_BxNx___, parent_BxN.reshape(parent_BxN.shape + (1,) * (x_BxNx___.ndim - 2)), axis=1)
 
 CRITERION_HELP = ("a criterion is 'exact', 'top_k:T' (T >= 1), 'distance:EPS' (EPS >= 0) or 'min_block:L' "
                   "(1 <= L <= k), or a check and a minimum block joined by '+', e.g. 'top_k:2+min_block:2'")

@@ -38,7 +38,6 @@ from bpd import draft_vocab
 from bpd import model as model_lib
 from bpd import report
 from bpd import sharding
-from bpd import speculative
 from bpd import tasks
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +174,7 @@ def _decode_blockwise(decoder, params, setting, seed, measure, sample_fn, sampli
     calls.append(result.invocations)
     return result
 
-  sampled = isinstance(rule, speculative.Sampling)
+  sampled = rule.draws
   # Speculative sampling's speedup is over ancestral sampling at the same temperature, timed side by side.
   out, fields = measure(name, blockwise_fn, *((sample_fn, 'sample') if sampled else ()))
   if sampled:

@@ -57,7 +57,7 @@ Design choices:
     source): it does not depend on the other rows of the batch. Inverse-CDF draws need one uniform per token where
     Gumbel-max (Decoder.sample's) needs V; their float32 cumulative sums are exact to ~1e-7 of the probabilities.
   * Acceptance criteria: sampling is exact; `top_k:`, `distance:` and `min_block:` would change the distribution,
-    and are a UserError (parse_rule) before anything is traced.
+    and are a UserError (bpd/rules.py) before anything is traced.
   * Truncated sampling (top_k, top_p; `sampling_logits`): the target is then the truncated, renormalised p, and the
     heads' q are truncated the same way. The rule above is exact for any target and any q, so the samples follow
     ancestral sampling of the truncated model (Decoder.sample with the same top_k, top_p), as before.
@@ -94,7 +94,7 @@ class Sampling:
 
   def __post_init__(self):
     # A typed rule checks its own static fields, so that a rule built in Python fails as the command line does
-    # (parse_rule), instead of quietly running token verification. The temperature is a leaf (maybe traced).
+    # (bpd/rules.py), instead of quietly running token verification. The temperature is a leaf (maybe traced).
     if self.verify not in VERIFICATIONS:
       raise UserError(f'Sampling(verify={self.verify!r}): verification is one of {VERIFICATIONS} (token: token by '
                       'token, recursive rejection on trees; block: the chain\'s drafts jointly).')
@@ -152,15 +152,13 @@ class Sampling:
     return walk(p_BxNxV, lambda n: q_BxDm1xV[:, tree.depth_N[n] - 1], nodes_BxN, coins_BxN, parent_BxN)
 
 
-def parse_rule(spec, k: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
-  """The acceptance rule of a config.decode.criteria entry: Sampling for 'speculative' (at the config's
-  temperature and truncation), else decoding.parse_criterion(spec, k). 'speculative' combined with anything
-  ('speculative+top_k:2') is a UserError: approximate acceptance and forced blocks accept tokens the rejection rule
-  would reject, so the samples would no longer follow the model's distribution."""
+def parse(spec, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> 'Sampling':
+  """Sampling of a config.decode.criteria entry that names 'speculative' (bpd/rules.py), at the config's
+  temperature and truncation. 'speculative' combined with anything ('speculative+top_k:2') is a UserError:
+  approximate acceptance and forced blocks accept tokens the rejection rule would reject, so the samples would no
+  longer follow the model's distribution."""
   parts = [part.strip() for part in str(spec).split('+')]
   words = [part for part in parts if part.partition(':')[0] == CRITERION]
-  if not words:
-    return decoding.parse_criterion(spec, k)
   others = [part for part in parts if part not in words]
   if others or len(words) > 1:
     raise UserError(f'Criterion {spec!r} cannot be used with speculative sampling: sampling accepts a draft '

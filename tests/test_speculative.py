@@ -28,6 +28,7 @@ from scipy import stats
 
 from bpd import decoder as decoder_lib
 from bpd import decoding
+from bpd import rules
 from bpd import speculative
 from bpd.errors import UserError
 from tests import planted
@@ -303,9 +304,9 @@ def test_same_seed_same_samples_and_a_row_ignores_the_other_rows():
                                   'top_k:2+speculative+min_block:2'])
 def test_approximate_criteria_are_a_user_error_with_sampling(spec):
   with pytest.raises(UserError, match='cannot be used with speculative sampling'):
-    speculative.parse_rule(spec, k=3, temperature=1.0)
-  assert speculative.parse_rule('speculative', k=3, temperature=0.5) == speculative.Sampling(temperature=0.5)
-  assert str(speculative.parse_rule('speculative', temperature=0.5)) == 'speculative'
+    rules.parse(spec, k=3, temperature=1.0)
+  assert rules.parse('speculative', k=3, temperature=0.5) == speculative.Sampling(temperature=0.5)
+  assert str(rules.parse('speculative', temperature=0.5)) == 'speculative'
 
 
 def test_a_tree_needs_the_single_root():

@@ -19,6 +19,7 @@ from bpd import checks
 from bpd import decoder as decoder_lib
 from bpd import decoding
 from bpd import model as model_lib
+from bpd import rules
 from bpd import speculative
 from bpd.errors import UserError
 from configs import common, demo
@@ -130,15 +131,15 @@ def test_same_seed_same_samples_and_a_row_ignores_the_other_rows():
 
 def test_parse_and_refusals():
   for spec in ('speculative:block', ' speculative:block '):
-    assert speculative.parse_rule(spec, temperature=1.0) == speculative.Sampling(temperature=1.0, verify='block')
-  assert str(speculative.parse_rule('speculative:block', temperature=1.0)) == BLOCK
-  assert speculative.parse_rule('speculative', temperature=1.0).verify == 'token'
+    assert rules.parse(spec, temperature=1.0) == speculative.Sampling(temperature=1.0, verify='block')
+  assert str(rules.parse('speculative:block', temperature=1.0)) == BLOCK
+  assert rules.parse('speculative', temperature=1.0).verify == 'token'
   with pytest.raises(UserError, match='cannot be used with speculative sampling'):
-    speculative.parse_rule('speculative:block+top_k:2')
+    rules.parse('speculative:block+top_k:2')
   with pytest.raises(UserError, match='cannot be used with speculative sampling'):
-    speculative.parse_rule('speculative+speculative:block')
+    rules.parse('speculative+speculative:block')
   with pytest.raises(UserError, match='speculative sampling is one of'):
-    speculative.parse_rule('speculative:blocks')
+    rules.parse('speculative:blocks')
 
   def never_called(*args):
     raise AssertionError('score_fn called before the tree was refused')

@@ -14,6 +14,7 @@ import pytest
 from bpd import checks
 from bpd import decoding
 from bpd import model as model_lib
+from bpd import rules
 from bpd import speculative
 from bpd import trees
 from bpd.errors import UserError
@@ -635,3 +636,42 @@ def test_the_design_notes_example_tree_policy_decodes_greedy(expand, tmp_path):
                    criterion=decoding.EXACT, expand=expand)
   np.testing.assert_array_equal(np.asarray(result.tokens_BxL), reference_tokens)
   assert int(np.asarray(result.block_counts_BxK)[:, 1:].sum()) > 0  # blocks of 2 or more
+
+
+@pytest.mark.parametrize('which', ['chain', 'static', 'dynamic', 'dynamic_sequential'])
+def test_the_design_notes_example_rule_decodes_every_tree_through_its_registration(which):
+  """docs/DESIGN.md's worked example of a new acceptance rule, executed and registered as written: the spec
+  resolves through rules.REGISTRY; with rho = 1 it accepts what exact accepts (the stub's argmax is unique), so the
+  output is greedy's token for token with exact's iterations, on a chain, a static tree with second choices and
+  dynamic:N trees (heads read once per depth, or fed their parent); with a tiny rho it accepts longer blocks."""
+  import os  # pylint: disable=g-import-not-at-top
+  import flax  # pylint: disable=g-import-not-at-top
+  text = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'DESIGN.md')).read()
+  section = text.split('### Adding an acceptance rule')[1].split('\n### ')[0]
+  code, registration = [block.split('```')[0] for block in section.split('```python')[1:3]]
+  scope = {'flax': flax, 'jax': jax, 'jnp': jnp, 'UserError': UserError, 'decoding': decoding, 'rules': rules}
+  exec(code, scope)  # pylint: disable=exec-used
+  saved = dict(rules.REGISTRY)
+  try:
+    exec(registration, scope)  # pylint: disable=exec-used
+    strict, loose = rules.parse('ratio:1.0', k=4), rules.parse('ratio:1e-30', k=4)
+  finally:
+    rules.REGISTRY.clear()
+    rules.REGISTRY.update(saved)
+  assert str(strict) == 'ratio:1.0' and strict.rho == 1.0
+  tree = {'chain': decoding.chain(4),
+          'static': decoding.layout(decoding.check_tree(((0,), (0, 0), (0, 1), (0, 0, 0), (0, 1, 0)), 4)),
+          'dynamic': decoding.Dynamic(8, 4), 'dynamic_sequential': decoding.Dynamic(8, 4)}[which]
+  for rule in (strict, loose):
+    rule.check(tree)
+  with pytest.raises(UserError, match='one root'):
+    strict.check(decoding.layout(decoding.check_tree(((0,), (1,), (0, 0)), 4)))
+  stub = Stub(vocab_size=16, k=4, head_accuracy=0.5, runner_up_accuracy=0.9)
+  rng = np.random.RandomState(3)
+  seed_B, eos_at_B = rng.randint(0, 2**31, size=8), rng.randint(1, 30, size=8)
+  decode = lambda rule: _decode(jnp.asarray(seed_B), jnp.asarray(eos_at_B), stub, batch_size=8, tree=tree,
+                                max_len=20, criterion=rule, expand=which == 'dynamic_sequential')
+  exact, same, wide = decode(decoding.EXACT), decode(strict), decode(loose)
+  np.testing.assert_array_equal(np.asarray(same.tokens_BxL), stub.reference_greedy(seed_B, eos_at_B, 20))
+  np.testing.assert_array_equal(np.asarray(same.iterations_B), np.asarray(exact.iterations_B))
+  assert decoding.summarize(wide)['mean_accepted_block_size'] > decoding.summarize(exact)['mean_accepted_block_size']
