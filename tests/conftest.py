@@ -71,6 +71,16 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
+@pytest.fixture(autouse=True, scope='module')
+def _free_compiled_programs():
+  """Drops every compiled program after each test file. A worker that keeps the thousands of programs of a whole
+  suite run exhausts the process's memory mappings (LLVM's JIT then fails with "Cannot allocate memory" and XLA
+  crashes, in the cache write or the compile of whichever test comes next); the persistent cache makes a program
+  needed again a load, not a compile."""
+  yield
+  jax.clear_caches()
+
+
 def toy_batch(rng: np.random.RandomState, batch: int):
   """Source: 3..8 random words then padding; target: the words reversed, then EOS."""
   src = np.zeros((batch, SRC_LEN), np.int32)
