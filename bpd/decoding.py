@@ -215,10 +215,8 @@ class Criterion:
           ok_BxN = ok_BxN.at[:, inner].set(
               accept_mask(self, nodes_BxN[:, inner], logits_BxNxV[:, parents], best_BxN[:, parents]))
       else:  # one root (head 1's choice, which passes); every other node against its parent's head 1
-        safe_BxN = jnp.maximum(parent_BxN, 0)
-        parent_logits_BxNxV = jnp.take_along_axis(logits_BxNxV, safe_BxN[..., None], axis=1)
-        ok_BxN = (parent_BxN < 0) | accept_mask(self, nodes_BxN, parent_logits_BxNxV,
-                                                 jnp.take_along_axis(best_BxN, safe_BxN, axis=1))
+        ok_BxN = (parent_BxN < 0) | accept_mask(self, nodes_BxN, parent_rows(logits_BxNxV, tree),
+                                                 parent_rows(best_BxN, tree))
       last_B = deepest_accepted(ok_BxN, tree)
       if self.min_block > 1:  # forced: the all-rank-0 path of min_block nodes (the chain's first L proposals)
         forced = int(tree.zero_path_D[self.min_block - 1])
