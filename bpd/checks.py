@@ -141,7 +141,7 @@ def check_decode(config, workdir: str, model_config) -> list:
   out, logged."""
   dc, model_k = config.decode, model_config.k
   drafter = check_drafter(config)
-  if drafter is not None:  # it drafts without heads: any k' is a chain it can fill
+  if not drafter.reads_heads:  # it drafts without heads: any k' is a chain it can fill
     model_k = max([model_k, *dc.ks])
   # A plain Transformer (k = 1) has no proposal heads: of a blockwise sweep only the k' = 1 settings can run
   # (the rest are left out, logged); ks and criteria are still checked for typos.
@@ -195,8 +195,7 @@ def check_decode(config, workdir: str, model_config) -> list:
         logging.info('Left out of the sweep: %s with %s on %s (%s).', rule, spec, what, e)
         why_not.setdefault(spec, e)
         continue
-      if drafter is not None:
-        drafter.check(tree, rule)  # raises: a rule it cannot draft for is the user's to drop
+      drafter.check(tree, rule)  # raises: a rule it cannot draft for is the user's to drop
       settings.append(decoder_lib.Setting(rule=rule, tree=tree, spec=spec, drafter=drafter))
   # A tree the user names that no criterion can decode would be left out whole: say so instead.
   for spec in {spec for _, _, spec in trees_} - {s.spec for s in settings}:
@@ -209,12 +208,13 @@ def check_decode(config, workdir: str, model_config) -> list:
 
 
 def check_drafter(config):
-  """config.decode.drafter as the sweep's drafter (bpd/drafters.py): None for the model's heads. UserError for an
-  unknown name and for images; the trees and rules it can draft for, it says itself (its `check`, per setting)."""
+  """config.decode.drafter as the sweep's drafter (bpd/drafters.py): decoding.HEADS for the model's heads. UserError
+  for an unknown name and for images; the trees and rules it can draft for, it says itself (its `check`, per
+  setting)."""
   spec = config.decode.get('drafter', 'heads')
   drafter = drafters.parse(spec)  # raises
-  if drafter is None:
-    return None
+  if drafter.reads_heads:
+    return drafter
   if config.data.source == 'images':
     raise UserError(f'config.decode.drafter={spec!r}: drafters other than the heads run on translation (they look '
                     'up source and output ids); the super-resolution sweep drafts with the heads. Set '

@@ -54,13 +54,13 @@ class Setting:
   """One blockwise setting of a decode sweep: an acceptance rule over a tree (bpd/decoding.py's one loop).
 
   rule: a decoding.Criterion or a speculative.Sampling; tree: a decoding.Layout (the chain of k: `chain(k)`) or a
-  decoding.Dynamic; spec: the tree spec as config.decode.trees writes it ('chain' for the paper's); drafter: None
-  (the model's heads) or a drafter of bpd/drafters.py.
+  decoding.Dynamic; spec: the tree spec as config.decode.trees writes it ('chain' for the paper's); drafter: what
+  proposes, decoding.HEADS (the model's heads) or another drafter of bpd/drafters.py.
   """
   rule: Any
   tree: Any
   spec: str = 'chain'
-  drafter: Any = None
+  drafter: Any = decoding.HEADS
 
   @property
   def k(self) -> int:
@@ -71,7 +71,7 @@ class Setting:
   def name(self) -> str:
     """The setting in file names (`setting_name`)."""
     name = setting_name(self.k, self.rule, None if self.spec == 'chain' else self.spec)
-    return name if self.drafter is None else f'{name}.{self.drafter}'.replace(':', '')
+    return name if self.drafter == decoding.HEADS else f'{name}.{self.drafter}'.replace(':', '')
 
 
 class Decoder:
@@ -145,15 +145,15 @@ class Decoder:
     """Greedy decoding: one token per row per call."""
     return self._greedy_jit(params, self._packed(params), self._put(src_BxS))
 
-  def blockwise(self, params, src_BxS, rule, tree, seed: int = 0, drafter=None):
+  def blockwise(self, params, src_BxS, rule, tree, seed: int = 0, drafter=decoding.HEADS):
     """decoding.blockwise with an acceptance rule (a decoding.Criterion, or speculative.Sampling, whose samples
     follow softmax(head 1 / temperature) exactly, as `sample`'s do) over a tree (a decoding.Layout, e.g.
     `chain(k)`, or a decoding.Dynamic), using the model's first tree.depth heads, or with a drafter (bpd/drafters.py)
-    that proposes in their place from the source ids (head 1 alone runs). Compiled once per (batch shape, rule's
+    that proposes in their place from the source ids (head 1 alone runs where it reads no heads). Compiled once per (batch shape, rule's
     static fields, tree, drafter); a temperature and the seed are traced. A rule that draws uses row b's stream
     fold_in(PRNGKey(seed), b): the same seed and batch give the same samples, and a row's samples do not depend on
     the other rows."""
-    params_k = self._heads(params, 1 if drafter is not None else tree.depth)
+    params_k = self._heads(params, tree.depth if drafter.reads_heads else 1)
     return self._blockwise_jit(params_k, self._packed(params_k), self._put(src_BxS), rule, jax.random.PRNGKey(seed),
                                tree=tree, drafter=drafter)
 
@@ -180,15 +180,16 @@ class Decoder:
     fns = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)
     return decoding.greedy(fns.score, self._init(fns.init, src_BxS), fixed=self._fixed(src_BxS))
 
-  def _blockwise(self, params_k, packed, src_BxS, rule, key, tree, drafter=None):
-    # params_k: the first tree.depth heads (`_heads`); with a drafter, the whole model, of which head 1 runs.
-    if drafter is None:
+  def _blockwise(self, params_k, packed, src_BxS, rule, key, tree, drafter=decoding.HEADS):
+    # params_k: the first tree.depth heads (`_heads`); for a drafter that reads no heads, the whole model, of which
+    # head 1 runs.
+    if drafter.reads_heads:
       fns = model_lib.decode_fns(self._model(tree.depth), params_k, packed=packed)
     else:
       fns = model_lib.decode_fns(self.model, params_k, num_heads=1, packed=packed)
     return decoding.blockwise(fns, self._init(fns.init, src_BxS, block=tree.num_nodes), fixed=self._fixed(src_BxS),
                               tree=tree, rule=rule, key=key if rule.draws else None, drafter=drafter,
-                              context_BxC=None if drafter is None else src_BxS)
+                              context_BxC=src_BxS)
 
   def _sample(self, params, packed, src_BxS, temperature, key, top_k, top_p):
     fns = model_lib.decode_fns(self.model, params, num_heads=1, packed=packed)

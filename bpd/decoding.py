@@ -861,25 +861,93 @@ def block_keys(row_keys_B, start_B):
 
 # -- drafters ---------------------------------------------------------------------------------------------
 #
-# What proposes the nodes' tokens. By default (drafter None) the model's own heads: propose_fn's logits for heads
-# 2..D, or expand_fn's per parent in a context-aware tree (a `TreePolicy` builds it). Another drafter implements
-# `Drafter`. It does not read the model's heads: the decoder runs head 1 alone (a plain Transformer can decode with
-# one). Its tokens reach the rule as one-hot rows in the heads' place, so every greedy criterion drafts and accepts
-# them as it does the heads' choices. bpd/prompt_lookup.py is the example; bpd/drafters.py registers it by name.
+# What proposes the nodes' tokens: a `Drafter`. The paper's is the model's own heads (`Heads`, the default):
+# propose_fn's logits for heads 2..D, or expand_fn's per parent in a context-aware tree. Another drafter hands its
+# guesses in the same form (`Proposal`), so the rule drafts and accepts them as it does the heads' choices, and the
+# tree is built from them as from the heads'. bpd/prompt_lookup.py is the example of a drafter that is not a head;
+# bpd/drafters.py registers drafters by name. The loop calls a drafter's init once, its propose after every
+# verification (and after the first call), and its move between the two.
+
+
+class DraftInputs(NamedTuple):
+  """What the loop knows at every row's last accepted node, for a drafter to propose the next tree from."""
+  hidden_Bx___: Any        # the model's outputs there (what the heads read; leaves [B, ...])
+  fns: 'ModelFns'          # the model as the loop sees it (propose, expand: the heads)
+  tokens_BxL: jax.Array    # int32 [B, L]; the output accepted so far, tokens_BxL[b, :length_B[b]] (later: stale)
+  length_B: jax.Array      # int32 [B]
+  next_B: jax.Array        # int32 [B]; node 0's token, the next token itself (the rule's `first`)
+  vocab_size: int          # V of the logits a proposal holds
+
+
+class Proposal(NamedTuple):
+  """A drafter's guesses for the next tree, in the heads' form. heads_BxDm1xV: logits of depths 1..D-1, one row
+  each, shared by every node at that depth (what a chain and a static tree draft from; None where the drafter only
+  answers per parent). children(d, parents_BxW) -> logits [B, W or 1, V]: the children of W nodes at depth d - 1
+  whose tokens are parents_BxW (what a tree built per row, a `TreePolicy`, grows from: one row for all where the
+  guesses ignore the parent)."""
+  heads_BxDm1xV: Any
+  children: Callable
+
+
+def proposal_from_tokens(tokens_BxDm1: jax.Array, vocab_size: int) -> Proposal:
+  """The Proposal of a drafter that guesses one token per depth: one-hot rows in the heads' place, so every greedy
+  criterion drafts them (a rank-0 choice is the token) and checks them as the heads' choices."""
+  heads_BxDm1xV = jax.nn.one_hot(tokens_BxDm1, vocab_size, dtype=jnp.float32)
+  return Proposal(heads_BxDm1xV, lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
+
 
 class Drafter(Protocol):
-  """A drafter other than the heads: a small frozen, hashable object (a static argument of jit) that the loop
-  calls through these members, nothing else."""
+  """A drafter: a small frozen, hashable object (a static argument of jit) that the loop calls through these
+  members, nothing else. Its state (init's) is carried in LoopState.draft_state."""
+  reads_heads: bool  # it reads the model's heads 2..D (the decoder then runs them; else head 1 alone)
 
   def check(self, tree, rule) -> None:
     """UserError if it cannot draft this tree for this rule (before anything is traced)."""
 
   def init(self, context_BxC) -> Any:
-    """Its state for the whole decode, carried in LoopState.draft_state (leaves [B, ...])."""
+    """Its state for the whole decode (leaves [B, ...]); context_BxC: the conditioning input's ids (a
+    translation's source), or None where the decode has none."""
 
-  def draft(self, state, out_BxL, length_B, next_B, num: int) -> jax.Array:
-    """tokens_BxNum: num proposals after next_B (the next token, node 0), given the output accepted so far,
-    out_BxL[b, :length_B[b]] (entries past it are stale)."""
+  def propose(self, state, seen: DraftInputs, depth: int, per_row: bool) -> Proposal:
+    """Guesses for depths 1..depth-1 of the next tree, from `seen` at the last accepted node. per_row: the tree is
+    built per row (a TreePolicy reads `children`), else a chain or a static tree (the rule reads heads_BxDm1xV)."""
+
+  def move(self, state, rows: 'Rows') -> Any:
+    """Its state once `rows` holds the newly accepted tokens (before `propose`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Heads:
+  """The paper's drafter (§3): the model's proposal heads 2..D at the last accepted position (propose_fn). Where
+  the model feeds a head its parent's token (sequential heads: expand_fn) and the tree is built per row, each
+  parent's children come from that head run on its own token (EAGLE-2's expansion with our heads)."""
+  reads_heads = True
+
+  def __str__(self):
+    return 'heads'
+
+  def check(self, tree, rule) -> None:
+    del tree, rule  # every tree and rule: the heads offer ranked choices at every depth and a distribution to draw
+
+  def init(self, context_BxC) -> tuple:
+    del context_BxC
+    return ()
+
+  def propose(self, state, seen: DraftInputs, depth: int, per_row: bool) -> Proposal:
+    del state
+    if per_row and seen.fns.expand is not None:  # each parent's children from its own token
+      return Proposal(None, lambda d, parents_BxW: seen.fns.expand(seen.hidden_Bx___, d, parents_BxW))
+    B = seen.length_B.shape[0]
+    heads_BxDm1xV = (seen.fns.propose(seen.hidden_Bx___)[:, :depth - 1] if depth > 1
+                     else jnp.zeros((B, 0, 1), jnp.float32))  # one head's choices serve every parent at its depth
+    return Proposal(heads_BxDm1xV, lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
+
+  def move(self, state, rows: 'Rows') -> tuple:
+    del rows
+    return state
+
+
+HEADS = Heads()
 
 
 class TreePolicy(Protocol):
@@ -895,49 +963,42 @@ class TreePolicy(Protocol):
     """Every row's tree, node 0 holding root_B (the rule's `first`). children(d, parents_BxW) -> logits
     [B, W or 1, V]: head d + 1's for the children of W nodes at depth d - 1 whose tokens are parents_BxW."""
 
-def _draft(rule, tree, target, hidden_Bx___, fns: ModelFns, depth, keys_B, drafter=None, draft_state=(),
-           rows: Rows | None = None):
+
+def _draft(rule, tree, target, hidden_Bx___, fns: 'ModelFns', keys_B, drafter, draft_state, rows: Rows,
+           vocab_size: int):
   """The next tree and its tokens from the outputs at the last accepted position: (nodes_BxN, tree, memo); tree is
-  () for a static Layout (a constant of the trace), a RowTree for a Dynamic policy. drafter None: the model's
-  heads propose; else the drafter's tokens stand in their place (the section above)."""
-  if drafter is not None:
-    tokens_BxDm1 = drafter.draft(draft_state, rows.tokens_BxL, rows.length_B, target['best_B'], depth - 1)
-    # As one-hot rows in the heads' place, the rule drafts them as it drafts the heads' choices.
-    heads_BxDm1xV = jax.nn.one_hot(tokens_BxDm1, target['logits_BxV'].shape[-1], dtype=jnp.float32)
-    nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, tree, keys_B)
-    return nodes_BxN, (), memo
-  B = jax.tree.leaves(hidden_Bx___)[0].shape[0]
-  if tree.per_row and fns.expand is not None:  # each parent's children from its own token
-    heads_BxDm1xV = None  # propose_fn is not run
-    children = lambda d, parents_BxW: fns.expand(hidden_Bx___, d, parents_BxW)
-  else:  # one head's choices serve every parent at its depth
-    heads_BxDm1xV = fns.propose(hidden_Bx___)[:, :depth - 1] if depth > 1 else jnp.zeros((B, 0, 1), jnp.float32)
-    children = lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None]
+  () for a static Layout (a constant of the trace), a RowTree for a TreePolicy. The drafter guesses, the policy
+  builds from the guesses, the rule picks the nodes' tokens: each knows only its own part."""
+  # The rule's first token is node 0 (the root a policy grows from). Where no one reads it, XLA drops it.
+  next_B = rule.first(target, tree, keys_B)
+  seen = DraftInputs(hidden_Bx___=hidden_Bx___, fns=fns, tokens_BxL=rows.tokens_BxL, length_B=rows.length_B,
+                     next_B=next_B, vocab_size=vocab_size)
+  proposal = drafter.propose(draft_state, seen, tree.depth, tree.per_row)
   if not tree.per_row:
-    nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, tree, keys_B)
+    nodes_BxN, memo = rule.draft(target, proposal.heads_BxDm1xV, tree, keys_B)
     return nodes_BxN, (), memo
-  row = tree.build(rule.first(target, tree, keys_B), children)
-  nodes_BxN, memo = rule.draft(target, heads_BxDm1xV, row, keys_B)
+  row = tree.build(next_B, proposal.children)
+  nodes_BxN, memo = rule.draft(target, proposal.heads_BxDm1xV, row, keys_B)
   return nodes_BxN, row, memo
 
 
-def blockwise_init(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None, drafter=None,
+def blockwise_init(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None, drafter=HEADS,
                    context_BxC=None) -> LoopState:
   """The first model invocation (BOS at position 0: it only proposes the first tree) and the loop's first state."""
-  B, depth = fixed.batch_size, tree.depth
+  B = fixed.batch_size
+  draft_state = drafter.init(context_BxC)  # first: a drafter that lacks its context says so before the model runs
   logits_Bx1xV, hidden, state = fns.score(state, jnp.full((B, 1), fixed.bos_id, jnp.int32), jnp.zeros((B,), jnp.int32))
   keys_B = block_keys(_row_keys(key, B), jnp.ones((B,), jnp.int32))
-  draft_state = () if drafter is None else drafter.init(context_BxC)
-  empty = start_rows(jnp.zeros((B,), jnp.int32), depth=depth, fixed=fixed, ends_early=False)  # no output yet
+  empty = start_rows(jnp.zeros((B,), jnp.int32), depth=tree.depth, fixed=fixed, ends_early=False)  # no output yet
   nodes_BxN, row_tree_, memo = _draft(rule, tree, rule.target(logits_Bx1xV[:, 0]),
-                                      take_rows(hidden, jnp.zeros((B,), jnp.int32)), fns, depth, keys_B,
-                                      drafter, draft_state, empty)
-  rows = start_rows(nodes_BxN[:, 0], depth=depth, fixed=fixed, ends_early=rule.ends_early(tree))
+                                      take_rows(hidden, jnp.zeros((B,), jnp.int32)), fns, keys_B, drafter,
+                                      draft_state, empty, logits_Bx1xV.shape[-1])
+  rows = start_rows(nodes_BxN[:, 0], depth=tree.depth, fixed=fixed, ends_early=rule.ends_early(tree))
   return LoopState(model_state=state, rows=rows, nodes_BxN=nodes_BxN, tree=row_tree_, memo=memo,
                    draft_state=draft_state, step=jnp.int32(0))
 
 
-def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None, drafter=None):
+def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None, drafter=HEADS):
   """One iteration (verify every node, accept the deepest passing path, cut it, move it into place, draft the next
   tree), the body of `blockwise`'s while_loop: LoopState -> LoopState. Public so that a benchmark can compile and
   cost-analyse exactly one iteration."""
@@ -971,32 +1032,31 @@ def blockwise_body(fns: ModelFns, *, fixed: Fixed, tree, rule=EXACT, key=None, d
     if not is_chain:  # the accepted path's keys and values to slots start .. start + P - 1 (past k̂: stale)
       model_state = fns.move(model_state, start_B, path_BxD[:, :moved])
     # Combined scoring and proposal (paper §4): the outputs at the last accepted node draft the next tree.
-    nodes_BxN, row_tree_, memo = _draft(rule, tree, target, take_rows(hidden, last_B), fns, depth,
-                                        block_keys(row_keys_B, rows.length_B + 1), drafter, s.draft_state, rows)
+    draft_state = drafter.move(s.draft_state, rows)
+    nodes_BxN, row_tree_, memo = _draft(rule, tree, target, take_rows(hidden, last_B), fns,
+                                        block_keys(row_keys_B, rows.length_B + 1), drafter, draft_state, rows,
+                                        logits_BxNxV.shape[-1])
     rows = close_iteration(s.rows, rows, k_hat_B, nodes_BxN[:, 0], fixed=fixed, ends_early=ends_early)
     return LoopState(model_state=model_state, rows=rows, nodes_BxN=nodes_BxN, tree=row_tree_, memo=memo,
-                     draft_state=s.draft_state, step=s.step + 1)
+                     draft_state=draft_state, step=s.step + 1)
   return body
 
 
-def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None, drafter=None,
+def blockwise(fns: ModelFns, state: Any, *, fixed: Fixed, tree, rule=EXACT, key=None, drafter=HEADS,
               context_BxC=None) -> DecodeResult:
-  """Blockwise parallel decoding (paper §3-§4) over a tree of candidates with an acceptance rule: the one loop of
-  every blockwise method (the section comment above).
+  """Blockwise parallel decoding (paper §3-§4) over a tree of candidates with an acceptance rule and a drafter: the
+  one loop of every blockwise method (the section comment above).
 
   tree: a Layout (`layout(check_tree(paths, k))`; the paper's chain is chain(k)) or a Dynamic policy;
   rule: a Criterion (greedy acceptance) or another rule (speculative.Sampling); key: a jax.random key for rules
   that draw (row b uses fold_in(key, b)). One model invocation per iteration plus one at the start; each row
   accepts its own k̂. The state needs a cache of at least max_len + N + 1 slots (decoder.cache_len): a call writes
   N slots from start <= max_len + 1, and the move min(N, D) (`blockwise_body`).
-  drafter: None (the model's heads propose: propose_fn, expand_fn) or a drafter (the section above `_draft`) with
-  the context it starts from, context_BxC (a translation's source ids for prompt lookup).
+  drafter: what proposes (the section above `_draft`): HEADS, the model's heads (propose_fn, expand_fn), or
+  another drafter with the context it starts from, context_BxC (a translation's source ids for prompt lookup).
   """
   rule.check(tree)
-  if drafter is not None:
-    drafter.check(tree, rule)
-    if context_BxC is None:
-      raise ValueError(f'the drafter {drafter} starts from a context: blockwise needs context_BxC')
+  drafter.check(tree, rule)
   if rule.draws and key is None:
     raise ValueError(f'the rule {rule} draws: blockwise needs a key')
   if not tree.is_chain and fns.move is None:

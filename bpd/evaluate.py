@@ -188,7 +188,7 @@ def _decode_blockwise(decoder, params, setting, seed, measure, sample_fn, sampli
   logging.info('%s b%d %s: %s, mean accepted block %.2f', split, batch_size, name,
                _fields(fields), stats['mean_accepted_block_size'])
   return {**base, 'k': setting.k, 'criterion': str(rule), 'tree': setting.spec,
-          'drafter': 'heads' if setting.drafter is None else str(setting.drafter),
+          'drafter': str(setting.drafter),
           'tree_nodes': setting.tree.num_nodes, **fields,
           'mean_accepted_block_size': stats['mean_accepted_block_size'], 'iterations': stats['iterations'],
           'invocations': stats['row_invocations'], 'batch_invocations': stats['batch_invocations'],

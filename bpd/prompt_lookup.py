@@ -16,6 +16,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from bpd import decoding
 from bpd.errors import UserError
 
 PAD_ID = 0
@@ -50,10 +51,25 @@ class PromptLookup:
       raise UserError(f'{self} looks up the greedy next token\'s context; the rule {rule} samples that token. Use '
                       'it with a greedy criterion (exact, top_k:T, distance:EPS, min_block:L).')
 
+  reads_heads = False  # the decoder runs head 1 alone: a plain Transformer (k = 1) decodes with it
+
   def init(self, context_BxC: jax.Array) -> jax.Array:
     """The state the loop carries: the source ids int32 [B, C], padding (id 0) marked as no token."""
+    if context_BxC is None:
+      raise ValueError(f'the drafter {self} looks up the source: blockwise needs context_BxC (the source ids)')
     context_BxC = jnp.asarray(context_BxC, jnp.int32)
     return jnp.where(context_BxC == PAD_ID, _NOT_A_TOKEN, context_BxC)
+
+  def move(self, context_BxC: jax.Array, rows) -> jax.Array:
+    del rows  # the output so far is read from the loop's rows at each proposal: the state is the source alone
+    return context_BxC
+
+  def propose(self, context_BxC: jax.Array, seen: decoding.DraftInputs, depth: int,
+              per_row: bool) -> decoding.Proposal:
+    """The lookup's continuation as the chain's guesses (`check` refuses trees, so per_row is False)."""
+    del per_row
+    tokens_BxDm1 = self.draft(context_BxC, seen.tokens_BxL, seen.length_B, seen.next_B, depth - 1)
+    return decoding.proposal_from_tokens(tokens_BxDm1, seen.vocab_size)
 
   def draft(self, context_BxC: jax.Array, out_BxL: jax.Array, length_B: jax.Array, next_B: jax.Array,
             num: int) -> jax.Array:

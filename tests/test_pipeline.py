@@ -15,6 +15,7 @@ import pytest
 
 from bpd import checkpoint
 from bpd import decoder as decoder_lib
+from bpd import decoding
 from bpd import distill
 from bpd import evaluate
 from bpd import model as model_lib
@@ -131,7 +132,7 @@ def test_a_failing_setting_leaves_the_other_rows_written_and_fails_the_sweep(tra
   shutil.copytree(heads_dir, workdir, ignore=shutil.ignore_patterns('decode'))
   real = decoder_lib.Decoder.blockwise
 
-  def blockwise(self, params, src, rule, tree, seed=0, drafter=None):
+  def blockwise(self, params, src, rule, tree, seed=0, drafter=decoding.HEADS):
     if tree.depth == 2 and str(rule) == 'top_k:2':
       raise RuntimeError('compile failed')
     return real(self, params, src, rule, tree, seed, drafter)

@@ -187,7 +187,7 @@ def test_settings_it_cannot_draft_are_refused():
     decoding.blockwise(fns, {}, fixed=fixed, tree=decoding.chain(2), drafter=drafter)
 
 
-@pytest.mark.parametrize('spec, expected', [('heads', None), ('prompt_lookup', prompt_lookup.PromptLookup()),
+@pytest.mark.parametrize('spec, expected', [('heads', decoding.HEADS), ('prompt_lookup', prompt_lookup.PromptLookup()),
                                             ('prompt_lookup:2', prompt_lookup.PromptLookup(max_ngram=2))])
 def test_drafters_by_name(spec, expected):
   assert drafters.parse(spec) == expected
@@ -195,7 +195,7 @@ def test_drafters_by_name(spec, expected):
     assert drafters.parse(str(expected)) == expected  # its name parses back
 
 
-@pytest.mark.parametrize('spec, message', [('prompt', 'Unknown drafter'), ('heads:2', 'Unknown drafter'),
+@pytest.mark.parametrize('spec, message', [('prompt', 'Unknown drafter'), ('heads:2', 'takes no argument'),
                                            ('prompt_lookup:x', 'not an integer'),
                                            ('prompt_lookup:0', 'integer >= 1')])
 def test_bad_drafter_names_raise_clear_errors(spec, message):
@@ -211,7 +211,8 @@ def test_the_design_notes_example_drafter_runs_in_the_loop():
   text = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'DESIGN.md')).read()
   section = text.split('### Adding a drafter')[1].split('\n### ')[0]
   code, registration = [block.split('```')[0] for block in section.split('```python')[1:3]]
-  scope = {'dataclasses': dataclasses, 'jax': jax, 'jnp': jnp, 'UserError': UserError, 'drafters': drafters}
+  scope = {'dataclasses': dataclasses, 'jax': jax, 'jnp': jnp, 'UserError': UserError, 'drafters': drafters,
+           'decoding': decoding}
   exec(code, scope)  # pylint: disable=exec-used
   saved = dict(drafters.REGISTRY)
   try:

@@ -13,6 +13,7 @@ import pytest
 
 from bpd import checks
 from bpd import decoding
+from bpd import drafters
 from bpd import model as model_lib
 from bpd import rules
 from bpd import speculative
@@ -675,3 +676,50 @@ def test_the_design_notes_example_rule_decodes_every_tree_through_its_registrati
   np.testing.assert_array_equal(np.asarray(same.tokens_BxL), stub.reference_greedy(seed_B, eos_at_B, 20))
   np.testing.assert_array_equal(np.asarray(same.iterations_B), np.asarray(exact.iterations_B))
   assert decoding.summarize(wide)['mean_accepted_block_size'] > decoding.summarize(exact)['mean_accepted_block_size']
+
+
+@dataclasses.dataclass(frozen=True)
+class _HeadsByAnotherName:
+  """A drafter of the test's own that proposes what the heads propose and counts its moves in its state: the loop
+  must decode with it exactly as with decoding.HEADS, the default, so the heads have no path of their own."""
+  reads_heads = True
+
+  def check(self, tree, rule):
+    decoding.HEADS.check(tree, rule)
+
+  def init(self, context_BxC):
+    return jnp.zeros(context_BxC.shape[:1], jnp.int32)
+
+  def move(self, moves_B, rows):
+    return moves_B + 1
+
+  def propose(self, moves_B, seen, depth, per_row):
+    return decoding.HEADS.propose((), seen, depth, per_row)
+
+
+@pytest.mark.parametrize('which', ['chain', 'static', 'dynamic', 'dynamic_sequential'])
+def test_the_heads_are_one_drafter_among_others(which):
+  """Drafter, tree and rule meet only in the loop: the heads wrapped in another drafter decode token for token and
+  iteration for iteration as the default, on every kind of tree; the drafter's state is moved once an iteration."""
+  stub = Stub(vocab_size=16, k=4, head_accuracy=0.6, eos_rate=3, runner_up_accuracy=0.9)
+  tree = {'chain': decoding.chain(4), 'static': decoding.layout(decoding.check_tree(((0,), (1,), (0, 0), (0, 1),
+                                                                                      (0, 0, 0)), 4)),
+          'dynamic': decoding.Dynamic(8, 4), 'dynamic_sequential': decoding.Dynamic(8, 4)}[which]
+  expand = which == 'dynamic_sequential'
+  seed_B, eos_at_B, max_len = jnp.arange(5), jnp.asarray([3, 9, 14, 20, 20]), 20
+  fixed = decoding.Fixed(batch_size=5, max_len=max_len, bos_id=BOS, eos_id=EOS)
+  fns = decoding.ModelFns(stub.score_fn, stub.propose_fn, stub.move_fn, stub.expand_fn if expand else None)
+  state = stub.init_state(seed_B, eos_at_B, max_len + tree.num_nodes + 1)
+  drafter = _HeadsByAnotherName()
+  default = decoding.blockwise(fns, state, fixed=fixed, tree=tree)
+  wrapped = decoding.blockwise(fns, state, fixed=fixed, tree=tree, drafter=drafter, context_BxC=seed_B[:, None])
+  _assert_same_result(default, wrapped)
+  reference = stub.reference_greedy(np.asarray(seed_B), np.asarray(eos_at_B), max_len)
+  np.testing.assert_array_equal(np.asarray(wrapped.tokens_BxL), reference)
+  s = decoding.blockwise_init(fns, state, fixed=fixed, tree=tree, drafter=drafter, context_BxC=seed_B[:, None])
+  body = decoding.blockwise_body(fns, fixed=fixed, tree=tree, drafter=drafter)
+  assert np.asarray(body(body(s)).draft_state).tolist() == [2] * 5
+
+
+def test_the_heads_are_the_drafter_named_heads():
+  assert drafters.parse('heads') is decoding.HEADS and str(decoding.HEADS) == 'heads'
