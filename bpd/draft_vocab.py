@@ -20,6 +20,7 @@ Training itself is the same with or without: the heads are trained over the whol
 """
 
 import dataclasses
+from typing import Any, Callable
 
 from absl import logging
 import numpy as np
@@ -45,16 +46,16 @@ def most_frequent(counts_V, size: int) -> tuple[int, ...]:
   return tuple(int(i) for i in np.sort(order[:size]))
 
 
-def draft_ids(config, task, tokenizer, vocab_size: int, stored=()) -> tuple[int, ...]:
-  """The draft vocabulary config.model.draft_vocab asks for: () when it is 0; `stored` when it holds that many ids
-  (those in model.json); else counted on the training targets of the config's task (task.target_counts)."""
-  size = config.model.draft_vocab
+def draft_ids(size: int, count_targets: Callable[[], Any], vocab_size: int, stored=()) -> tuple[int, ...]:
+  """The draft vocabulary of `size` ids (config.model.draft_vocab): () when it is 0; `stored` when it holds that
+  many ids (those in model.json); else the most frequent of count_targets() -> int [V], how often each id occurs
+  in the training targets (the task's target_counts), called only then."""
   check(size, vocab_size)
   if not size:
     return ()
   if len(stored) == size:
     return tuple(stored)
-  counts_V = np.asarray(task.target_counts(config, tokenizer))
+  counts_V = np.asarray(count_targets())
   if counts_V.shape != (vocab_size,):
     raise ValueError(f'target_counts gave {counts_V.shape} counts for a vocabulary of {vocab_size}')
   ids = most_frequent(counts_V, size)
@@ -63,8 +64,9 @@ def draft_ids(config, task, tokenizer, vocab_size: int, stored=()) -> tuple[int,
   return ids
 
 
-def for_decoding(config, model_config: model_lib.ModelConfig, task, tokenizer) -> model_lib.ModelConfig:
-  """model_config (as read from model.json) with the draft vocabulary config.model.draft_vocab asks for at decode
-  time (module docstring)."""
-  ids = draft_ids(config, task, tokenizer, model_config.vocab_size, stored=model_config.draft_ids)
+def for_decoding(size: int, model_config: model_lib.ModelConfig,
+                 count_targets: Callable[[], Any]) -> model_lib.ModelConfig:
+  """model_config (as read from model.json) with the draft vocabulary of `size` ids that config.model.draft_vocab
+  asks for at decode time (module docstring)."""
+  ids = draft_ids(size, count_targets, model_config.vocab_size, stored=model_config.draft_ids)
   return dataclasses.replace(model_config, draft_ids=ids)

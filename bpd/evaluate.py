@@ -206,7 +206,8 @@ def load_for_decoding(config, workdir: str, task, mesh=None):
   model_config, params, step = checkpoint.load_params(workdir, mesh=mesh, step=config.checkpoint_step)
   tokenizer = task.tokenizer_for_decoding(workdir)
   # config.model.draft_vocab as set now: model.json's ids, counted ones, or none (bpd/draft_vocab.py)
-  model_config = draft_vocab.for_decoding(config, model_config, task, tokenizer)
+  model_config = draft_vocab.for_decoding(config.model.draft_vocab, model_config,
+                                         lambda: task.target_counts(config, tokenizer))
   decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh,
                                 eos_id=task.eos_id, matmul_kernel=checks.check_matmul_kernel(config))
   return model_config, params, step, tokenizer, decoder

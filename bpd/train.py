@@ -347,7 +347,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   vocab_size = task.vocab_size(tokenizer)
   # Counted once, before anything compiles; a resumed run keeps the ids its model.json holds (bpd/draft_vocab.py).
   stored = _stored_draft_ids(workdir) if config.model.draft_vocab else ()
-  draft_ids = draft_vocab.draft_ids(config, task, tokenizer, vocab_size, stored)
+  draft_ids = draft_vocab.draft_ids(config.model.draft_vocab, lambda: task.target_counts(config, tokenizer),
+                                   vocab_size, stored)
   model_config = model_lib.model_config(config.model.size, vocab_size=vocab_size,
                                         k=1 if tc.regime == 'base' else config.k,
                                         dropout_rate=config.model.dropout_rate, dtype=config.model.dtype,

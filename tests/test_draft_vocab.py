@@ -206,11 +206,12 @@ def test_text_counts_are_the_training_targets_as_training_reads_them(tmp_path):
   config = _config(**{'data.dir': str(tmp_path), 'model.draft_vocab': 2})
   counts = tasks.TRANSLATION.target_counts(config, _WordTokenizer())
   np.testing.assert_array_equal(counts, [0, 2, 0, 1, 3, 1, 0, 0])  # EOS twice, a once, b three times, c once
-  assert draft_vocab.draft_ids(config, tasks.TRANSLATION, _WordTokenizer(), 8) == (1, 4)
+  count = lambda: tasks.TRANSLATION.target_counts(config, _WordTokenizer())
+  assert draft_vocab.draft_ids(2, count, 8) == (1, 4)
   # Stored ids of that size are kept (a resumed run, a decode of a trained workdir); 0 turns the vocabulary off.
-  assert draft_vocab.draft_ids(config, tasks.TRANSLATION, _WordTokenizer(), 8, stored=(3, 5)) == (3, 5)
-  assert draft_vocab.draft_ids(config, tasks.TRANSLATION, _WordTokenizer(), 8, stored=(3, 5, 6)) == (1, 4)
-  assert draft_vocab.draft_ids(_config(), tasks.TRANSLATION, _WordTokenizer(), 8, stored=(3, 5)) == ()
+  assert draft_vocab.draft_ids(2, count, 8, stored=(3, 5)) == (3, 5)
+  assert draft_vocab.draft_ids(2, count, 8, stored=(3, 5, 6)) == (1, 4)
+  assert draft_vocab.draft_ids(0, count, 8, stored=(3, 5)) == ()
 
 
 def test_image_counts_are_the_intensities_of_the_training_images(tmp_path):
@@ -229,7 +230,7 @@ def test_image_counts_are_the_intensities_of_the_training_images(tmp_path):
 def test_bad_draft_sizes_are_a_user_error_before_anything_is_counted(size, tmp_path):
   config = _config(**{'data.dir': str(tmp_path / 'nothing'), 'model.draft_vocab': size})
   with pytest.raises(UserError, match=r'config\.model\.draft_vocab=.*0 \(off'):
-    draft_vocab.draft_ids(config, tasks.TRANSLATION, _WordTokenizer(), 8)
+    draft_vocab.draft_ids(size, lambda: tasks.TRANSLATION.target_counts(config, _WordTokenizer()), 8)
 
 
 def test_a_too_large_draft_vocabulary_fails_the_config_checks():

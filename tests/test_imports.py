@@ -102,3 +102,31 @@ def test_the_checker_finds_circles_nested_relative_and_indirect(tmp_path, b_impo
                      'sub/__init__': '', 'sub/d': 'import os\n'}.items():
     (pkg / f'{name}.py').write_text(text)
   assert find_cycle(import_graph(str(tmp_path), 'pkg')) == cycle
+
+
+# The modules that read the experiment's ConfigDict (DESIGN §4, "Where the config goes"): the command line and its
+# three modes, the checks of the config, and the task record chosen from it (with the data pipeline and the image
+# task's side that it calls). Everything else takes plain arguments, so a researcher can call it without a config.
+READS_THE_CONFIG = {'bpd.main', 'bpd.train', 'bpd.evaluate', 'bpd.distill', 'bpd.checks', 'bpd.tasks',
+                    'bpd.evaluate_images', 'bpd.data.pipeline'}
+_CONFIG_FIELDS = {'data', 'decode', 'train', 'model', 'distill', 'checkpoint_step', 'seed'}
+
+
+def reads_of_the_config(path):
+  """Lines where the file reads a field of the experiment's ConfigDict (config.decode..., data_config.dir):
+  attribute reads on a name `config` whose field is one of the ConfigDict's sections, or on the sections' usual
+  names."""
+  found = []
+  for node in ast.walk(ast.parse(open(path, encoding='utf-8').read(), path)):
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (
+        (node.value.id == 'config' and node.attr in _CONFIG_FIELDS) or
+        node.value.id in ('data_config', 'distill_config', 'decode_config', 'train_config')):
+      found.append(node.lineno)
+  return found
+
+
+def test_the_config_stops_at_the_modules_that_read_it():
+  known = module_files(REPO, 'bpd')
+  readers = {module: lines for module, path in known.items() if (lines := reads_of_the_config(path))}
+  assert set(readers) <= READS_THE_CONFIG, {m: lines for m, lines in readers.items() if m not in READS_THE_CONFIG}
+  assert {'bpd.train', 'bpd.evaluate', 'bpd.checks'} <= set(readers)  # the check sees reads where they are
