@@ -248,9 +248,12 @@ def teacher_forced_trees(model, params, src_ids, greedy_ids, policies, batch_siz
            'logp_PxDm1xR': jax.lax.top_k(jax.nn.log_softmax(heads_PxDm1xV.astype(jnp.float32)), r)[0], 'trees': {}}
     target = decoding.EXACT.target(head1_PxV)
     draft = decoding._draft  # pylint: disable=protected-access
+    # The heads drafter reads no output so far: empty rows, one per position.
+    rows = decoding.start_rows(jnp.zeros((P,), jnp.int32), depth=depth, ends_early=False,
+                               fixed=decoding.Fixed(batch_size=P, max_len=1, bos_id=tokenizer_lib.BOS_ID, eos_id=-1))
     for policy in policies:  # the decoder's own drafting; its propose_fn here reads heads 2..D's logits as they are
-      nodes_PxN, tree, _ = draft(decoding.EXACT, policy, target, heads_PxDm1xV,
-                                 decoding.ModelFns(None, lambda h: h), depth, None)
+      nodes_PxN, tree, _ = draft(decoding.EXACT, policy, target, heads_PxDm1xV, decoding.ModelFns(None, lambda h: h),
+                                 None, decoding.HEADS, (), rows, V)
       out['trees'][policy.num_nodes] = {'depth': tree.depth_BxN, 'parent': tree.parent_BxN, 'token': nodes_PxN,
                                          'rank': tree.rank_BxN}
     return out
