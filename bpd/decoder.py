@@ -148,9 +148,9 @@ class Decoder:
   def blockwise(self, params, src_BxS, rule, tree, seed: int = 0, drafter=decoding.HEADS):
     """decoding.blockwise with an acceptance rule (a decoding.Criterion, or speculative.Sampling, whose samples
     follow softmax(head 1 / temperature) exactly, as `sample`'s do) over a tree (a decoding.Layout, e.g.
-    `chain(k)`, or a decoding.Dynamic), using the model's first tree.depth heads, or with a drafter (bpd/drafters.py)
-    that proposes in their place from the source ids (head 1 alone runs where it reads no heads). Compiled once per (batch shape, rule's
-    static fields, tree, drafter); a temperature and the seed are traced. A rule that draws uses row b's stream
+    `chain(k)`, or a decoding.Dynamic) with a drafter (bpd/drafters.py): decoding.HEADS by default, the model's first
+    tree.depth heads; one that reads no heads proposes from the source ids and head 1 alone runs. Compiled once per
+    (batch shape, rule's static fields, tree, drafter); a temperature and the seed are traced. A rule that draws uses row b's stream
     fold_in(PRNGKey(seed), b): the same seed and batch give the same samples, and a row's samples do not depend on
     the other rows."""
     params_k = self._heads(params, tree.depth if drafter.reads_heads else 1)

@@ -74,7 +74,7 @@ InitFn = Callable[[jax.Array, int], Any]
 # -- acceptance rules ----------------------------------------------------------------------------------------
 
 class Rule(Protocol):
-  """An acceptance rule: how the nodes get their tokens from the heads' outputs and which are accepted. A small
+  """An acceptance rule: how the nodes get their tokens from the drafter's guesses and which are accepted. A small
   frozen object (a static argument of jit, or a pytree whose leaves are traced, as sampling's temperature); the loop
   calls nothing else of it. The greedy criteria are `Criterion` below, speculative sampling is bpd/speculative.py's
   `Sampling`. keys_B: one PRNG key per row for the block being drafted or verified (None unless `draws`)."""
@@ -88,12 +88,14 @@ class Rule(Protocol):
 
   def first(self, target, tree, keys_B) -> jax.Array:
     """Node 0's token [B], the next token itself (greedy: head 1's argmax; sampling: the free token, drawn from the
-    target): the root a tree built per row (a `TreePolicy`) grows from."""
+    target). Called on every tree (a chain, a Layout, a TreePolicy): the drafter gets it as DraftInputs.next_B, and a
+    tree built per row grows from it as its root."""
 
   def draft(self, target, heads_BxDm1xV, tree, keys_B) -> tuple[jax.Array, Any]:
     """(nodes_BxN, memo): the tokens of the next tree's nodes, from the target at the last accepted position
-    (greedy rules: head 1's logits and argmax there; sampling: the distribution of the next token) and heads 2..D
-    there (or the tree's own tokens, `tree.token_BxN`, where it was built per row); memo: what accept will need
+    (greedy rules: head 1's logits and argmax there; sampling: the distribution of the next token) and the
+    drafter's guesses for depths 1..D-1 (`Proposal.heads_BxDm1xV`: heads 2..D's logits, or a drafter's one-hot rows;
+    or the tree's own tokens, `tree.token_BxN`, where it was built per row); memo: what accept will need
     (leaves [B, ...]). nodes_BxN[:, 0] must be the next token itself (the root of rank 0)."""
 
   def accept(self, nodes_BxN, logits_BxNxV, memo, tree, keys_B) -> tuple[jax.Array, Any]:
@@ -898,7 +900,8 @@ def proposal_from_tokens(tokens_BxDm1: jax.Array, vocab_size: int) -> Proposal:
 
 class Drafter(Protocol):
   """A drafter: a small frozen, hashable object (a static argument of jit) that the loop calls through these
-  members, nothing else. Its state (init's) is carried in LoopState.draft_state."""
+  members, nothing else. Its state (init's) is carried in LoopState.draft_state. Its str() names it in file names
+  and in the records' `drafter` column."""
   reads_heads: bool  # it reads the model's heads 2..D (the decoder then runs them; else head 1 alone)
 
   def check(self, tree, rule) -> None:
