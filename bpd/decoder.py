@@ -150,9 +150,9 @@ class Decoder:
     follow softmax(head 1 / temperature) exactly, as `sample`'s do) over a tree (a decoding.Layout, e.g.
     `chain(k)`, or a decoding.Dynamic) with a drafter (bpd/drafters.py): decoding.HEADS by default, the model's first
     tree.depth heads; one that reads no heads proposes from the source ids and head 1 alone runs. Compiled once per
-    (batch shape, rule's static fields, tree, drafter); a temperature and the seed are traced. A rule that draws uses row b's stream
-    fold_in(PRNGKey(seed), b): the same seed and batch give the same samples, and a row's samples do not depend on
-    the other rows."""
+    (batch shape, rule's static fields, tree, drafter); a temperature and the seed are traced. A rule that draws
+    uses row b's stream fold_in(PRNGKey(seed), b): the same seed and batch give the same samples, and a row's
+    samples do not depend on the other rows."""
     params_k = self._heads(params, tree.depth if drafter.reads_heads else 1)
     return self._blockwise_jit(params_k, self._packed(params_k), self._put(src_BxS), rule, jax.random.PRNGKey(seed),
                                tree=tree, drafter=drafter)

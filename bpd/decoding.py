@@ -891,11 +891,15 @@ class Proposal(NamedTuple):
   children: Callable
 
 
+def per_depth(heads_BxDm1xV: jax.Array) -> Proposal:
+  """The Proposal of guesses that ignore the parent: depth d's one row serves every parent at depth d - 1."""
+  return Proposal(heads_BxDm1xV, lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
+
+
 def proposal_from_tokens(tokens_BxDm1: jax.Array, vocab_size: int) -> Proposal:
   """The Proposal of a drafter that guesses one token per depth: one-hot rows in the heads' place, so every greedy
   criterion drafts them (a rank-0 choice is the token) and checks them as the heads' choices."""
-  heads_BxDm1xV = jax.nn.one_hot(tokens_BxDm1, vocab_size, dtype=jnp.float32)
-  return Proposal(heads_BxDm1xV, lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
+  return per_depth(jax.nn.one_hot(tokens_BxDm1, vocab_size, dtype=jnp.float32))
 
 
 class Drafter(Protocol):
@@ -941,9 +945,9 @@ class Heads:
     if per_row and seen.fns.expand is not None:  # each parent's children from its own token
       return Proposal(None, lambda d, parents_BxW: seen.fns.expand(seen.hidden_Bx___, d, parents_BxW))
     B = seen.length_B.shape[0]
-    heads_BxDm1xV = (seen.fns.propose(seen.hidden_Bx___)[:, :depth - 1] if depth > 1
-                     else jnp.zeros((B, 0, 1), jnp.float32))  # one head's choices serve every parent at its depth
-    return Proposal(heads_BxDm1xV, lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
+    # One head's choices serve every parent at its depth.
+    return per_depth(seen.fns.propose(seen.hidden_Bx___)[:, :depth - 1] if depth > 1
+                     else jnp.zeros((B, 0, 1), jnp.float32))
 
   def move(self, state, rows: 'Rows') -> tuple:
     del rows
