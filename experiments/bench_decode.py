@@ -213,9 +213,11 @@ if __name__ == '__main__':
   _JSON = flags.DEFINE_string('json', None, 'ratio: write the records here as a JSON list.')
   _HEAD_HIDDEN = flags.DEFINE_integer('head_hidden', 0, 'ratio: hidden width of each proposal head '
                                       "(model.head_hidden; 0 = d_ff, the paper's multi-output layer).")
-  _DRAFT_VOCAB = flags.DEFINE_list('draft_vocab', [], 'ratio: also time blockwise iterations whose heads draft from a '
-                                   'truncated vocabulary of each of these sizes R (model.draft_vocab; evenly spaced '
-                                   'ids, random weights), alternating with greedy and the full-vocabulary heads.')
+  _DRAFT_VOCAB = flags.DEFINE_list('draft_vocab', [], 'ratio, latency: also time blockwise iterations whose heads '
+                                   'draft from a truncated vocabulary of each of these sizes R (model.draft_vocab; '
+                                   'ratio: evenly spaced ids, random weights; latency: the R most frequent target '
+                                   'tokens, as the decode sweep counts them), alternating with greedy and the '
+                                   'full-vocabulary heads.')
   _TPU = flags.DEFINE_list('tpu', [], 'ratio, trees: TPU chips (v5e, v4) to estimate each row for, by compiling for '
                            "them with libtpu (pip install -e '.[tpu]'; no TPU needed). Empty: no estimate.")
   _TPU_SIZES = flags.DEFINE_list('tpu_sizes', [], 'ratio: model sizes (bpd.model.SIZES) of the TPU estimate, with '
@@ -1063,8 +1065,15 @@ def run_latency(config):
   if not 1 < _K.value <= model_config.k:
     raise UserError(f'--k={_K.value}: choose 2..{model_config.k} (the heads of the model in {workdir}).')
   kernels = [k for k in ('xla', 'skinny') if k == 'xla' or matmul.resolve('auto') == 'skinny']
-  decoders = {kernel: decoder_lib.Decoder(decoder.model, decoder.max_len, None, decoder.eos_id, matmul_kernel=kernel)
-              for kernel in kernels}
+  # The heads drafting over the whole vocabulary (R = 0), and over each --draft_vocab size R: greedy is the same
+  # program for every R (head 1 always scores the whole vocabulary), so it runs once per kernel.
+  full_config = dataclasses.replace(model_config, draft_ids=())
+  models = {0: model_lib.Transformer(full_config)}
+  for size in sorted({int(size) for size in _DRAFT_VOCAB.value} - {0}):
+    models[size] = model_lib.Transformer(draft_vocab.for_decoding(
+        size, full_config, lambda: task.target_counts(config, tokenizer)))
+  decoders = {(kernel, size): decoder_lib.Decoder(m, decoder.max_len, None, decoder.eos_id, matmul_kernel=kernel)
+              for kernel in kernels for size, m in models.items()}
   shapes = [('chain', decoding.chain(_K.value))] + [
       (spec, trees.parse_tree_spec(spec, _K.value, workdir, vocab_size=model_config.vocab_size))
       for spec in _PROFILE_TREES.value]
@@ -1084,10 +1093,11 @@ def run_latency(config):
     return run
 
   programs = {}
-  for kernel, d in decoders.items():
-    programs[f'greedy, {kernel}'] = greedy(d)
-    for name, tree in shapes:
-      programs[f'{name}, {kernel}'] = blockwise(d, tree)
+  for kernel in kernels:
+    programs[f'greedy, {kernel}'] = greedy(decoders[kernel, 0])
+    for size in models:
+      for name, tree in shapes:
+        programs[f'{name}{f" R={size}" if size else ""}, {kernel}'] = blockwise(decoders[kernel, size], tree)
   # Compile and warm up on every padded source length that is timed (run_batches pads each sentence to its own
   # multiple of 8, decoder.source_buckets), then time with no compile allowed.
   for src in list({src.shape[1]: src for src in batches}.values()) + batches[:3]:
@@ -1103,7 +1113,7 @@ def run_latency(config):
           start = time.perf_counter()
           steps, tokens = fn(src)
           rows[name].append((steps, time.perf_counter() - start))
-          kernel = name.split(', ')[1]
+          kernel = name.rsplit(', ', 1)[1]
           reference.setdefault(kernel, tokens)  # greedy on the same setting comes first
           same[name] += int(np.array_equal(tokens, reference[kernel]))
   print(f'{len(batches)} sentences x {_REPEATS.value} passes, batch 1, k = {_K.value}, {_CRITERION.value}; '
@@ -1114,7 +1124,7 @@ def run_latency(config):
   for name, column in rows.items():
     steps, seconds = (np.array(c, dtype=np.float64) for c in zip(*column))
     fixed, per_step = fit(steps, seconds)
-    kernel = name.split(', ')[1]
+    kernel = name.rsplit(', ', 1)[1]
     table.append({'decoder': name, 'ms': seconds.mean() * 1e3, 'steps': steps.mean(), 'fixed_ms': fixed * 1e3,
                   'step_ms': per_step * 1e3, 'fixed_share': fixed / seconds.mean(),
                   'speedup_same': seconds_of[f'greedy, {kernel}'].sum() / seconds.sum(),
