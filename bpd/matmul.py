@@ -32,6 +32,7 @@ KERNELS = ('auto', 'xla', 'skinny')
 MAX_ROWS = 64  # rows (M) the kernel takes; more go to XLA: its weight strips are re-read from cache per 6 rows
 _TARGET = 'bpd_skinny_matmul'
 _ARGMAX = 'bpd_argmax'
+_TAKE_ROWS = 'bpd_take_rows'
 
 _active = contextvars.ContextVar('bpd_matmul_kernel', default='xla')
 
@@ -47,6 +48,7 @@ def _library():
     raise build.BuildError('this CPU has neither AVX-512 nor AVX2 with FMA')
   jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.BpdSkinnyMatmul), platform='cpu')
   jax.ffi.register_ffi_target(_ARGMAX, jax.ffi.pycapsule(lib.BpdArgmax), platform='cpu')
+  jax.ffi.register_ffi_target(_TAKE_ROWS, jax.ffi.pycapsule(lib.BpdTakeRows), platform='cpu')
   return isa, lib.bpd_skinny_threads()
 
 
@@ -204,3 +206,19 @@ def argmax(logits_Bx___xV):
   rows = math.prod(logits_Bx___xV.shape[:-1])
   call = jax.ffi.ffi_call(_ARGMAX, jax.ShapeDtypeStruct((rows,), jnp.int32), vmap_method='sequential')
   return call(logits_Bx___xV.reshape(rows, -1)).reshape(logits_Bx___xV.shape[:-1])
+
+
+def take_rows(table_VxD, ids_Bx___):
+  """table_VxD[ids] ([B, ..., D]) as jnp.take(table, ids, axis=0) computes it (a negative id counts from the end, an
+  id outside the table gives NaN), by the library, inside use('skinny'); None elsewhere (the caller uses XLA's).
+  XLA's CPU backend fused the gather of a decoding call's few token rows with the ops after it and split that
+  fusion over threads, its cost model counting the whole table: tens of microseconds for a few rows. Decoding
+  only: no gradient."""
+  if (_active.get() != 'skinny' or table_VxD.dtype != jnp.float32 or table_VxD.ndim != 2
+      or not jnp.issubdtype(ids_Bx___.dtype, jnp.integer)):
+    return None
+  _library()
+  rows = math.prod(ids_Bx___.shape)
+  call = jax.ffi.ffi_call(_TAKE_ROWS, jax.ShapeDtypeStruct((rows, table_VxD.shape[1]), jnp.float32),
+                          vmap_method='sequential')
+  return call(table_VxD, ids_Bx___.reshape(rows).astype(jnp.int32)).reshape(ids_Bx___.shape + table_VxD.shape[1:])

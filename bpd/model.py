@@ -176,9 +176,13 @@ class Transformer(nn.Module):
 
   def _embed(self, tokens_BxT, positions_BxT, deterministic, is_source=False, src_BxS=None):
     c = self.config
-    # The barrier keeps the row gather out of the fusion below: fused, XLA's CPU backend ran the gather of a few
-    # decoding rows several times slower. An identity: values and gradients are unchanged.
-    x = jax.lax.optimization_barrier(self.embed(tokens_BxT)) * jnp.sqrt(float(c.d_model))
+    # Decoding under the skinny kernel takes the rows with the library's gather (matmul.take_rows): XLA's CPU
+    # backend fused the gather of a few decoding rows with the ops below and split it over threads. Elsewhere the
+    # barrier is meant to keep it out of that fusion. Both are identities: values and gradients are unchanged.
+    rows_BxTxD = matmul.take_rows(self.embed.embedding, tokens_BxT) if not self.is_initializing() else None
+    if rows_BxTxD is None:
+      rows_BxTxD = jax.lax.optimization_barrier(self.embed(tokens_BxT))
+    x = rows_BxTxD * jnp.sqrt(float(c.d_model))
     if c.colocated_input and not is_source:
       x = x + self._colocated(src_BxS, positions_BxT)
     if c.image_side:
@@ -385,14 +389,14 @@ class Transformer(nn.Module):
 
     Why here: head 2 is fed the token head 1 proposes at the last accepted position, and the decode loop hands
     propose only the hidden state of that position (bpd/decoding.py `_proposals`; its interface stays
-    propose_fn(hidden)). The argmax over [B, T, V] costs T·V comparisons, nothing beside the projection that
-    made the logits, and it is the decode loop's own ŷ_{j+1}: the same argmax (ties to the lower id) of the
-    same logits, at the row the loop takes.
+    propose_fn(hidden)). It is the decode loop's own ŷ_{j+1}: the loop's argmax (`decoding.argmax`, ties to the
+    lower id) of the same logits, so XLA computes it once for both. jnp.argmax here was a second, multi-threaded
+    (value, index) reduction over [B, T, V] that XLA's CPU backend ran slower than the library's argmax.
     """
     if not self._sequential():
       return logits_BxTxV, hidden, new_state
     hidden = hidden if isinstance(hidden, dict) else {'hidden_BxTxD': hidden}
-    return logits_BxTxV, dict(hidden, first_BxT=jnp.argmax(logits_BxTxV, axis=-1).astype(jnp.int32)), new_state
+    return logits_BxTxV, dict(hidden, first_BxT=decoding.argmax(logits_BxTxV)), new_state
 
   def propose(self, hidden_BxD, split=None, draft_RxD=None):
     """Logits of heads 2..k at one position per row: [B, k-1, V]. (To decode with fewer heads, `first_heads`.)

@@ -124,6 +124,27 @@ def test_argmax_ties_go_to_the_lower_id_and_nan_wins():
   assert matmul.argmax(logits) is None, 'outside use(skinny) the caller uses XLA'
 
 
+def test_take_rows_is_jnp_take_including_negative_and_out_of_range_ids():
+  # The reference is numpy's indexing, with the rule jnp.take documents for its default mode: a negative index
+  # counts from the end, one still outside the table fills with NaN.
+  rng = np.random.default_rng(3)
+  table = rng.standard_normal((50, 12)).astype(np.float32)
+  ids = np.array([[0, 49, 7, -1], [-50, 50, -51, 3]], np.int32)
+  expected = np.full((2, 4, 12), np.nan, np.float32)
+  for (b, t), i in np.ndenumerate(ids):
+    if -50 <= i < 50:
+      expected[b, t] = table[i]
+
+  @jax.jit
+  def run(table, ids):
+    with matmul.use('skinny'):
+      return matmul.take_rows(table, ids)
+  got = np.asarray(run(table, ids))
+  np.testing.assert_array_equal(got, expected)  # bit for bit, NaN where expected is NaN
+  np.testing.assert_array_equal(got, np.asarray(jnp.take(table, ids, axis=0)))
+  assert matmul.take_rows(table, ids) is None, 'outside use(skinny) the caller uses XLA'
+
+
 def test_xla_outside_use_and_for_large_m():
   """Training never enters use('skinny') and more than MAX_ROWS rows go to XLA: no custom call is compiled."""
   w = np.ones((8, 8), np.float32)

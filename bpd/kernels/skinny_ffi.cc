@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -214,8 +215,32 @@ ffi::Error Argmax(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   return ffi::Error::Success();
 }
 
+// Rows of a table: y[i] = table[ids[i]] for table [V, D] float32, ids [R] int32, y [R, D]; as jnp.take(table, ids,
+// axis=0): a negative id counts from the end, and an id still outside [0, V) gives a row of NaN. XLA's CPU backend
+// fuses such a gather of a few decoding rows with what follows it and splits the fusion over threads (its cost
+// model counts the whole table), which took tens of microseconds for a handful of rows.
+ffi::Error TakeRows(ffi::AnyBuffer table, ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuffer> y) {
+  const auto td = table.dimensions(), id = ids.dimensions(), yd = y->dimensions();
+  if (table.element_type() != ffi::F32 || ids.element_type() != ffi::S32 || y->element_type() != ffi::F32 ||
+      td.size() != 2 || id.size() != 1 || yd.size() != 2 || yd[0] != id[0] || yd[1] != td[1])
+    return ffi::Error::InvalidArgument("bpd take_rows: expected float32 table [V, D], int32 ids [R], float32 y [R, D]");
+  const float* data = reinterpret_cast<const float*>(table.untyped_data());
+  const int32_t* index = reinterpret_cast<const int32_t*>(ids.untyped_data());
+  float* out = reinterpret_cast<float*>(y->untyped_data());
+  const int64_t v = td[0], d = td[1];
+  for (int64_t r = 0; r < id[0]; ++r) {
+    const int64_t i = index[r] < 0 ? index[r] + v : index[r];
+    if (0 <= i && i < v) std::copy(data + i * d, data + (i + 1) * d, out + r * d);
+    else std::fill(out + r * d, out + (r + 1) * d, std::numeric_limits<float>::quiet_NaN());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace bpd
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdTakeRows, bpd::TakeRows,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdArgmax, bpd::Argmax,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
