@@ -5,6 +5,7 @@ imports none of them, so each can import it without an import circle (tests/test
 """
 
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from bpd import speculative as speculative_lib
 from bpd import timing
 from bpd.data import batching
 from bpd.data import tokenizer as tokenizer_lib
+from bpd.errors import UserError
 
 DECODE_DIR = 'decode'
 PROGRESS_EVERY_S = 30  # a progress line (with ETA) at most this often during long decodes
@@ -83,12 +85,14 @@ class Decoder:
   """
 
   def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None, eos_id: int = tokenizer_lib.EOS_ID,
-               matmul_kernel: str = 'auto'):
+               matmul_kernel: str = 'auto', head_weights: str = 'float32'):
     # eos_id=-1 (images) never matches a token: decoding always runs for max_len tokens.
     self.model, self.max_len, self.mesh, self.eos_id = model, max_len, mesh, eos_id
     # 'xla' or 'skinny' (bpd/matmul.py): every program of this decoder is traced with it, so each jitted method
     # below compiles under one setting.
     self.matmul_kernel = matmul.resolve(matmul_kernel, mesh)
+    if head_weights not in ('float32', 'float16'):
+      raise UserError(f'head_weights={head_weights!r}: choose float32 or float16 (config.decode.head_weights).')
     out = None if mesh is None else sharding.replicated(mesh)
     self._greedy_jit = jax.jit(matmul.traced(self._greedy, self.matmul_kernel), out_shardings=out)
     # The rule is an argument (a pytree: a Criterion has no leaves, Sampling's temperature is traced); its static
@@ -102,7 +106,9 @@ class Decoder:
     self._first_heads_jit = jax.jit(lambda params, k: model_lib.first_heads(self.model, params, k)[1],
                                     static_argnames='k')
     self._heads_cache = {}  # k -> (the params it was cut from, their first k heads)
-    self._pack_jit = jax.jit(model_lib.packed_weights)
+    # head_weights: the dtype of heads 2..k's packed weights (model.packed_weights; the skinny kernel only).
+    self._pack_jit = jax.jit(functools.partial(model_lib.packed_weights, head_weights=head_weights,
+                                               draft_ids=model.config.draft_ids))
     self._packed_cache = {}  # id of a parameter tree -> (that tree, its packed weights)
 
   def _heads(self, params, k):

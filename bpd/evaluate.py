@@ -209,7 +209,8 @@ def load_for_decoding(config, workdir: str, task, mesh=None):
   model_config = draft_vocab.for_decoding(config.model.draft_vocab, model_config,
                                          lambda: task.target_counts(config, tokenizer))
   decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh,
-                                eos_id=task.eos_id, matmul_kernel=checks.check_matmul_kernel(config))
+                                eos_id=task.eos_id, matmul_kernel=checks.check_matmul_kernel(config),
+                                head_weights=checks.check_head_weights(config))
   return model_config, params, step, tokenizer, decoder
 
 
@@ -217,6 +218,7 @@ def decode_sweep(config, workdir: str) -> list[dict]:
   """The `--mode=decode` sweep over the newest checkpoint in `workdir`; writes {workdir}/decode/*."""
   precision = checks.check_matmul_precision(config)
   checks.check_matmul_kernel(config)
+  checks.check_head_weights(config)
   # '' -> None: the backend's default. On GPUs and TPUs the default float32 matmul may round through TF32 /
   # bfloat16 passes; results then depend on the shapes of the call (batch size, tokens per call) by more than
   # float32 rounding, argmax near-ties flip, and `exact` rows stop matching greedy (docs/results/gpu.md).

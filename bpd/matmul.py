@@ -140,11 +140,13 @@ def _skinny(x_BxMxK, w, bias_BwxN, n: int, transpose_w=False, packed=False, w_in
 TILE, PART = 64, 32  # columns per packed tile and per contiguous part of it (kTile, kPackCols in the kernel)
 
 
-def pack(w_Bx___xKxN):
+def pack(w_Bx___xKxN, dtype=jnp.float32):
   """The packed layout of weights [..., K, N]: [..., tiles, TILE / PART, K, PART], each PART columns of a tile
   contiguous, zeros past N. The kernel reads a packed weight front to back; in the [K, N] layout its column tiles are strided rows,
   which DRAM serves at a fraction of the rate once the weights do not fit in cache. Made once per decoder and
-  parameters (bpd/decoder.py), never in a decoding loop."""
+  parameters (bpd/decoder.py), never in a decoding loop. dtype float16: the kernel widens each weight to float32
+  as it reads it (half the bytes; products and sums stay float32)."""
+  w_Bx___xKxN = w_Bx___xKxN.astype(dtype)
   *lead, k, n = w_Bx___xKxN.shape
   tiles = -(-n // TILE)
   padded = jnp.pad(w_Bx___xKxN, [(0, 0)] * len(lead) + [(0, 0), (0, tiles * TILE - n)])

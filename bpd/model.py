@@ -453,17 +453,22 @@ class Transformer(nn.Module):
     weights = None if split is None else split['heads'][n]
     vector_Bx___xD = self.multi_output.one_head(hidden_Bx___xD, n, self.token_embedding(token_Bx___), weights)
     draft = self.config.draft_ids
+    # A skinny-kernel decoder's packed projection (packed_weights), named by its columns: V, or R with a draft
+    # vocabulary made for this model's draft_ids. None elsewhere: the kernel reads the unpacked [D, X] matrix.
+    columns = len(draft) if draft else self.config.vocab_size
+    packed = layers.packed(self, f'heads_projection_{columns}')
     if draft:  # the [d, R] projection, cut once per decode when split comes from decode_fns
       draft_DxR = split['draft_DxR'] if split is not None else (
           self._draft_rows() if draft_RxD is None else draft_RxD).T
-      logits = matmul.dense(vector_Bx___xD.astype(draft_DxR.dtype), draft_DxR, preferred_element_type=jnp.float32)
+      logits = matmul.dense(vector_Bx___xD.astype(draft_DxR.dtype), draft_DxR, preferred_element_type=jnp.float32,
+                            packed=packed)
       prior_Bx___xV = None if prior_Bx___xV is None else jnp.take(prior_Bx___xV, np.asarray(draft, np.int32), axis=-1)
     elif split is None:
       logits = self.logits(vector_Bx___xD)
     else:  # the tied projection, with the [D, V] transpose made once per decode rather than once per head
       embedding_DxV = split['embedding_DxV']
       logits = matmul.dense(vector_Bx___xD.astype(embedding_DxV.dtype), embedding_DxV,
-                            preferred_element_type=jnp.float32)
+                            preferred_element_type=jnp.float32, packed=packed)
     return logits if prior_Bx___xV is None else logits + prior_Bx___xV
 
   def _propose_sequential(self, hidden, heads, split=None, draft_RxD=None):
@@ -535,12 +540,20 @@ def split_sequential_heads(params: Any, num_heads: int, draft_RxD=None) -> dict:
   return dict(split, embedding_DxV=params['embed']['embedding'].T)  # in its own dtype, as Transformer.logits reads it
 
 
-def packed_weights(params: Any) -> dict:
+def packed_weights(params: Any, head_weights: str = 'float32', draft_ids: tuple[int, ...] = ()) -> dict:
   """The weights the skinny kernel reads in its packed layout (matmul.pack), in the 'packed' collection's tree
   (the same paths as params, weights only): every Dense kernel as the [K, N] matrix it multiplies by (attention's
   query, key and value [D, H, K] as [D, H·K], 'out' [H, K, D] as [H·K, D]) and the multi-output layer's per-head
-  kernels [n, K, N]. Made once per decoder and parameters, outside the jitted decoders (bpd/decoder.py); the
-  embedding needs none (the tied projection reads its rows, which are contiguous)."""
+  kernels [n, K, N]; with a multi-output layer, also 'heads_projection_X', the [D, X] projection of sequential
+  heads 2..k (the embedding's rows transposed: X = V, or the draft vocabulary's R with draft_ids). Made once per decoder and
+  parameters, outside the jitted decoders (bpd/decoder.py); head 1's projection needs none (it reads the
+  embedding's rows, which are contiguous).
+
+  head_weights='float16' (config.decode.head_weights) packs the multi-output layer's kernels and the heads'
+  projection in half precision: heads 2..k only propose, and verification (head 1, float32) decides what is
+  accepted, so exact decoding stays identical to greedy while the heads read half the bytes. Not the paper's.
+  """
+  head_dtype = {'float32': jnp.float32, 'float16': jnp.float16}[head_weights]
   def walk(tree, name):
     if not isinstance(tree, dict):
       return None
@@ -554,9 +567,15 @@ def packed_weights(params: Any) -> dict:
         matrix = value.reshape(-1, value.shape[-1]) if name == 'out' else value.reshape(value.shape[0], -1)
         out[key] = matmul.pack(matrix)
       elif name == 'multi_output' and key in ('wi_kernel', 'wo_kernel', 'token_kernel'):
-        out[key] = matmul.pack(value)
+        out[key] = matmul.pack(value, head_dtype)
     return out
-  return walk(params, '')
+  out = walk(params, '')
+  if 'token_kernel' in params.get('multi_output', {}):  # sequential heads: one projection per head, after the layer
+    rows_XxD = params['embed']['embedding']
+    if draft_ids:
+      rows_XxD = jnp.take(rows_XxD, np.asarray(draft_ids, np.int32), axis=0)
+    out[f'heads_projection_{rows_XxD.shape[0]}'] = matmul.pack(rows_XxD.T, head_dtype)
+  return out
 
 
 def previous_tokens(tgt_in_BxT: jax.Array, num: int) -> jax.Array:

@@ -153,6 +153,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bpd import checks
 from bpd import checkpoint
 from bpd import decoder as decoder_lib
 from bpd import decoding
@@ -372,18 +373,21 @@ def draft_model(model, size: int):
 
 
 def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=0, peaks=None, draft_sizes=(),
-          matmul_kernel='xla'):
+          matmul_kernel='xla', head_weights='float32'):
   """Returns a list of {k, batch_size, draft_vocab, greedy_step_s, block_step_s, ratio, ...accounting} records.
 
   draft_sizes: for each k and batch, besides the full-vocabulary heads (draft_vocab 0), the same iteration with a
   draft vocabulary of each of these sizes (`draft_model`), all timed alternately with the same greedy runs.
   matmul_kernel: 'xla' or 'skinny' (bpd/matmul.py, resolved), for every program, greedy's included.
+  head_weights: the dtype of heads 2..k's packed weights on the skinny kernel (config.decode.head_weights).
   """
   cache_len = decoder_lib.cache_len(max_len, block=max(k_values))  # one cache for greedy and every k
   c = model.config
   jit = kernel_jit(matmul_kernel)
   # The skinny kernel reads packed weights, made once outside every timed program (as bpd.decoder.Decoder does).
-  pack = jax.jit(model_lib.packed_weights) if matmul_kernel == 'skinny' else lambda params: None
+  pack_jit = jax.jit(model_lib.packed_weights, static_argnames=('head_weights', 'draft_ids'))
+  pack = ((lambda params, draft_ids=(): pack_jit(params, head_weights=head_weights, draft_ids=draft_ids))
+          if matmul_kernel == 'skinny' else lambda params, draft_ids=(): None)
   packed = pack(params)
 
   def fixed(state):
@@ -448,12 +452,13 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
     for k in k_values:
       variants = [(size, draft_model(model, size)) for size in (0, *draft_sizes)]
       params_k = model_lib.first_heads(model, params, k)[1]
-      packed_k = pack(params_k)
+      packs = [pack(params_k, m.config.draft_ids) for _, m in variants]  # the heads' projection: V or R columns
       g_seconds, *variant_seconds = timing.time_alternating(
           [lambda: run_greedy(params, packed, state)]
-          + [lambda k=k, m=m: run_block(params_k, packed_k, state, k=k, block_model=m) for _, m in variants],
+          + [lambda k=k, m=m, p=p: run_block(params_k, p, state, k=k, block_model=m)
+             for (_, m), p in zip(variants, packs)],
           repeats, f'bench k={k} batch={batch_size}')
-      for (size, block_model), b_seconds in zip(variants, variant_seconds):
+      for (size, block_model), packed_k, b_seconds in zip(variants, packs, variant_seconds):
         # the first call only proposes
         iterations = int(run_block(params_k, packed_k, state, k=k, block_model=block_model)[1]) - 1
         greedy_s = g_seconds / max_len
@@ -583,7 +588,8 @@ def run_ratio(config):
   kernel = matmul.resolve(config.decode.matmul_kernel)
   peaks = machine_peaks()
   records = bench(model, params, k_values, [int(b) for b in _BATCH_SIZES.value], _MAX_LEN.value, _SRC_LEN.value,
-                  _REPEATS.value, peaks=peaks, draft_sizes=draft_sizes, matmul_kernel=kernel)
+                  _REPEATS.value, peaks=peaks, draft_sizes=draft_sizes, matmul_kernel=kernel,
+                  head_weights=checks.check_head_weights(config))
   add_tpu_estimates(records, chip_devices, tpu_configs)
   c = model.config
   title = (f'model {config.model.size}: d={c.d_model}, {c.num_encoder_layers}+{c.num_decoder_layers} layers, '
@@ -1072,7 +1078,8 @@ def run_latency(config):
   for size in sorted({int(size) for size in _DRAFT_VOCAB.value} - {0}):
     models[size] = model_lib.Transformer(draft_vocab.for_decoding(
         size, full_config, lambda: task.target_counts(config, tokenizer)))
-  decoders = {(kernel, size): decoder_lib.Decoder(m, decoder.max_len, None, decoder.eos_id, matmul_kernel=kernel)
+  decoders = {(kernel, size): decoder_lib.Decoder(m, decoder.max_len, None, decoder.eos_id, matmul_kernel=kernel,
+                                                  head_weights=checks.check_head_weights(config))
               for kernel in kernels for size, m in models.items()}
   shapes = [('chain', decoding.chain(_K.value))] + [
       (spec, trees.parse_tree_spec(spec, _K.value, workdir, vocab_size=model_config.vocab_size))

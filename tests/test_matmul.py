@@ -263,3 +263,47 @@ def test_decoder_on_the_kernel_decodes_exactly(tiny_model):
       np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL))
   xla = decoder_lib.Decoder(model, max_len=12, matmul_kernel='xla', eos_id=-1)
   assert xla.matmul_kernel == 'xla' and xla._packed(params) is None  # pylint: disable=protected-access
+
+
+def test_half_precision_heads_propose_as_float32_heads_and_decode_exactly():
+  """decode.head_weights='float16': sequential heads 2..k read their packed layer and projection (all V, or the
+  draft vocabulary's R) in half precision. Their logits are the float32 heads' within half-precision rounding (a
+  float32 packed projection gives the unpacked one's bit for bit: the same sums in the same order), the program
+  reads float16 weights, and exact decoding still equals greedy (head 1 verifies in float32)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  c = model_lib.model_config('tiny', vocab_size=97, k=4, dropout_rate=0.0, head_type='sequential')
+  params = model_lib.init_params(c, jax.random.PRNGKey(7))
+  rng = np.random.default_rng(8)
+  hidden = {'hidden_BxTxD': jnp.asarray(rng.standard_normal((3, c.d_model)), jnp.float32),
+            'first_BxT': jnp.asarray(rng.integers(4, 97, 3), jnp.int32)}
+  for draft in ((), tuple(range(1, 97, 3))):
+    model = model_lib.Transformer(dataclasses.replace(c, draft_ids=draft))
+
+    def propose(packed, kernel='skinny'):
+      @jax.jit
+      def run(params, packed):
+        with matmul.use(kernel):
+          return model_lib.decode_fns(model, params, packed=packed).propose(hidden)
+      return np.asarray(run(params, packed)), run.lower(params, packed).as_text()
+    pack = lambda weights: model_lib.packed_weights(params, head_weights=weights, draft_ids=draft)
+    unpacked, _ = propose(None)
+    full, _ = propose(pack('float32'))
+    half, text = propose(pack('float16'))
+    xla, _ = propose(None, kernel='xla')
+    assert np.array_equal(full, unpacked)
+    finite = np.isfinite(xla)
+    assert finite.sum() == 3 * (c.k - 1) * (len(draft) or 97) and np.array_equal(np.isfinite(half), finite)
+    np.testing.assert_allclose(full[finite], xla[finite], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(half[finite], xla[finite], rtol=2e-2, atol=2e-2)
+    assert not np.array_equal(half, full), 'the float16 weights were not read'
+    assert 'f16' in text and f'heads_projection_{len(draft) or 97}' in str(jax.tree_util.tree_structure(pack('float16')))
+
+  model = model_lib.Transformer(c)
+  src = rng.integers(4, 97, (3, 7)).astype(np.int32)
+  decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1, head_weights='float16')
+  greedy = decoder.greedy(params, src)
+  for tree in (decoding.chain(4), trees.parse_tree_spec('dynamic:6', 4, vocab_size=97)):
+    out = decoder.blockwise(params, src, decoding.EXACT, tree)
+    np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL))
+  with pytest.raises(UserError, match='head_weights'):
+    decoder_lib.Decoder(model, max_len=12, head_weights='bfloat16')

@@ -1,4 +1,5 @@
 // The skinny-matmul micro-kernels for AVX2 + FMA (compiled with -mavx2 -mfma; chosen at run time).
+#include <cstdint>
 #include <immintrin.h>
 
 namespace bpd {
@@ -10,6 +11,7 @@ struct Isa {
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float f) { return _mm256_set1_ps(f); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load_half(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static V load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void store(float* p, V v, Mask m) { _mm256_maskstore_ps(p, m, v); }

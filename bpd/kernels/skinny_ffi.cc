@@ -27,7 +27,9 @@ namespace {
 using RunUnits = void (*)(const MatmulArgs&, int64_t, int64_t);
 
 bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
-bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool has_avx2() {  // F16C widens float16 weights; every AVX2 CPU has it
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
 
 RunUnits pick_isa() {
   const char* force = std::getenv("BPD_SKINNY_ISA");  // 'avx2' to test the narrower path on an AVX-512 machine
@@ -129,7 +131,7 @@ constexpr int64_t kParallelBytes = 96 * 1024;
 
 void run(const MatmulArgs& a, RunUnits units) {
   const int64_t total = num_units(a);
-  const int64_t bytes = (a.w_shared ? 1 : a.batch) * a.k * a.n * int64_t{4};
+  const int64_t bytes = (a.w_shared ? 1 : a.batch) * a.k * a.n * (a.w_half ? int64_t{2} : int64_t{4});
   if (bytes < kParallelBytes) {
     units(a, 0, total);
     return;
@@ -145,21 +147,22 @@ ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
   static const RunUnits units = pick_isa();
   if (units == nullptr)
     return ffi::Error::InvalidArgument("bpd skinny matmul: this CPU has neither AVX-512 nor AVX2+FMA");
-  if (x.element_type() != ffi::F32 || w.element_type() != ffi::F32 || bias.element_type() != ffi::F32 ||
-      y->element_type() != ffi::F32)
-    return ffi::Error::InvalidArgument("bpd skinny matmul: float32 operands only");
+  const bool w_half = w.element_type() == ffi::F16;
+  if (x.element_type() != ffi::F32 || !(w.element_type() == ffi::F32 || (w_half && packed)) ||
+      bias.element_type() != ffi::F32 || y->element_type() != ffi::F32)
+    return ffi::Error::InvalidArgument("bpd skinny matmul: float32 operands only, but for packed float16 weights");
   const auto xd = x.dimensions(), yd = y->dimensions(), bd = bias.dimensions();
   const auto w_dims = w.dimensions();
   const size_t w_rank = (packed ? 5 : 3) + (w_index >= 0 ? 1 : 0);
   if (xd.size() != 3 || w_dims.size() != w_rank || yd.size() != 3 || bd.size() != 2)
     return ffi::Error::InvalidArgument("bpd skinny matmul: operand ranks do not match the layout");
-  const float* w_data = reinterpret_cast<const float*>(w.untyped_data());
+  const char* w_data = static_cast<const char*>(w.untyped_data());
   std::vector<int64_t> wd(w_dims.begin(), w_dims.end());
   if (w_index >= 0) {  // entry w_index of the leading axis
     if (w_index >= wd[0]) return ffi::Error::InvalidArgument("bpd skinny matmul: w_index out of range");
     int64_t entry = 1;
     for (size_t i = 1; i < wd.size(); ++i) entry *= wd[i];
-    w_data += w_index * entry;
+    w_data += w_index * entry * (w_half ? 2 : 4);
     wd.erase(wd.begin());
   }
   MatmulArgs a;
@@ -168,6 +171,7 @@ ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
   a.k = xd[2];
   a.transpose_w = transpose_w != 0;
   a.packed = packed != 0;
+  a.w_half = w_half;
   a.n = yd[2];
   const int64_t wk = a.packed ? wd[3] : a.transpose_w ? wd[2] : wd[1];
   const bool w_n_ok = a.packed ? (wd[1] == num_tiles(a.n) && wd[2] == kTile / kPackCols && wd[4] == kPackCols)

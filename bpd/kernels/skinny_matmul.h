@@ -17,12 +17,14 @@ namespace bpd {
 
 struct MatmulArgs {
   const float* x;     // [batch, m, k]
-  const float* w;     // [w_batch, k, n]; [w_batch, n, k] with transpose_w; packed: see kPackCols
+  const void* w;      // float32 [w_batch, k, n]; [w_batch, n, k] with transpose_w; packed: see kPackCols (float32,
+                      // or float16 with w_half)
   const float* bias;  // [w_batch, n], or nullptr
   float* y;           // [batch, m, n]
   int64_t batch, m, k, n;
   bool w_shared;      // w_batch == 1: every batch entry multiplies the same W (and bias)
   bool transpose_w;   // W stored [n, k]: y = x . W^T (the tied vocabulary projection)
+  bool w_half;        // packed W in float16 (IEEE half), widened to float32 as it is read: half the bytes
   bool packed;        // W stored column tile by column tile, each [k, kTile] contiguous, zeros past n (pack_nn):
                       // the kernel then reads W front to back, which DRAM and the prefetchers stream at full rate
 };

@@ -5,6 +5,8 @@
 // one W row and broadcasts MR entries of x, so one pass over a strip of W serves MR rows. Rows beyond MR reuse the
 // strip from cache (it is at most K x 64 floats).
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 #include <immintrin.h>
 
 #include "skinny_matmul.h"
@@ -21,9 +23,17 @@ constexpr int kNtMr = Isa::kW == 16 ? 4 : 2;    // transposed W: rows per block
 constexpr int kNtNr = 4;                         // transposed W: W rows (output columns) per block
 constexpr int kPrefetchRows = 16;                // W rows ahead: a strip row is one to four cache lines
 
+// A vector of weights: float32, or float16 (WT = uint16_t) widened to float32 as it is loaded. Half weights come
+// only packed, whose tiles are zero-padded past N, so their last vector is read whole (no masked load).
+template <typename WT>
+inline typename Isa::V load_w(const WT* p) {
+  if constexpr (std::is_same<WT, float>::value) return Isa::load(p);
+  else return Isa::load_half(p);
+}
+
 // y[0:MR, 0:cols] = x[0:MR, :] . w[:, 0:cols] (+ bias), cols = NV * kW, or fewer in the last vector (MASKED).
-template <int MR, int NV, bool MASKED>
-void nn_block(const float* x, int64_t ldx, const float* const* w, int64_t ldw, const float* bias, float* y, int64_t ldy,
+template <int MR, int NV, bool MASKED, typename WT>
+void nn_block(const float* x, int64_t ldx, const WT* const* w, int64_t ldw, const float* bias, float* y, int64_t ldy,
               int64_t K, int last_lanes) {
   const typename Isa::Mask mask = Isa::mask(last_lanes);
   typename Isa::V acc[MR][NV];
@@ -33,8 +43,12 @@ void nn_block(const float* x, int64_t ldx, const float* const* w, int64_t ldw, c
     for (int j = 0; j < NV; j += 16 / Isa::kW)
       _mm_prefetch(reinterpret_cast<const char*>(w[j] + (k + kPrefetchRows) * ldw), _MM_HINT_T0);
     typename Isa::V wv[NV];
-    for (int j = 0; j < NV; ++j)
-      wv[j] = (MASKED && j == NV - 1) ? Isa::load(w[j] + k * ldw, mask) : Isa::load(w[j] + k * ldw);
+    for (int j = 0; j < NV; ++j) {
+      if constexpr (std::is_same<WT, float>::value)
+        wv[j] = (MASKED && j == NV - 1) ? Isa::load(w[j] + k * ldw, mask) : Isa::load(w[j] + k * ldw);
+      else
+        wv[j] = load_w(w[j] + k * ldw);
+    }
     for (int i = 0; i < MR; ++i) {
       const typename Isa::V xb = Isa::set1(x[i * ldx + k]);
       for (int j = 0; j < NV; ++j) acc[i][j] = Isa::fma(xb, wv[j], acc[i][j]);
@@ -81,41 +95,42 @@ void nt_block(const float* x, int64_t ldx, const float* w, int64_t ldw, const fl
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = Isa::sum(acc[i][j]) + (bias != nullptr ? bias[j] : 0.0f);
 }
 
-using NnFn = void (*)(const float*, int64_t, const float* const*, int64_t, const float*, float*, int64_t, int64_t,
-                     int);
+template <typename WT>
+using NnFn = void (*)(const float*, int64_t, const WT* const*, int64_t, const float*, float*, int64_t, int64_t, int);
 using NtFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
 
-template <int MR>
-constexpr NnFn nn_pick(int nv, bool masked) {
+template <int MR, typename WT>
+constexpr NnFn<WT> nn_pick(int nv, bool masked) {
   switch (std::min(nv, kWideNv)) {
-    case 1: return masked ? nn_block<MR, 1, true> : nn_block<MR, 1, false>;
-    case 2: return masked ? nn_block<MR, 2, true> : nn_block<MR, 2, false>;
-    case 3: return masked ? nn_block<MR, std::min(3, kWideNv), true> : nn_block<MR, std::min(3, kWideNv), false>;
-    default: return masked ? nn_block<MR, kWideNv, true> : nn_block<MR, kWideNv, false>;
+    case 1: return masked ? nn_block<MR, 1, true, WT> : nn_block<MR, 1, false, WT>;
+    case 2: return masked ? nn_block<MR, 2, true, WT> : nn_block<MR, 2, false, WT>;
+    case 3: return masked ? nn_block<MR, std::min(3, kWideNv), true, WT> : nn_block<MR, std::min(3, kWideNv), false, WT>;
+    default: return masked ? nn_block<MR, kWideNv, true, WT> : nn_block<MR, kWideNv, false, WT>;
   }
 }
 
 // Only the shapes run_tile asks for: mr <= kWideMr with nv <= kWideNv, mr <= kTallMr with nv <= kTallNv.
-template <int MR>
-constexpr NnFn nn_tall(int nv, bool masked) {
-  if (nv == 1 || kTallNv == 1) return masked ? nn_block<MR, 1, true> : nn_block<MR, 1, false>;
-  return masked ? nn_block<MR, kTallNv, true> : nn_block<MR, kTallNv, false>;
+template <int MR, typename WT>
+constexpr NnFn<WT> nn_tall(int nv, bool masked) {
+  if (nv == 1 || kTallNv == 1) return masked ? nn_block<MR, 1, true, WT> : nn_block<MR, 1, false, WT>;
+  return masked ? nn_block<MR, kTallNv, true, WT> : nn_block<MR, kTallNv, false, WT>;
 }
 
-NnFn nn_fn(int mr, int nv, bool masked) {
+template <typename WT>
+NnFn<WT> nn_fn(int mr, int nv, bool masked) {
   switch (mr) {
-    case 1: return nn_pick<1>(nv, masked);
-    case 2: return nn_pick<2>(nv, masked);
-    case 3: return nn_pick<3>(nv, masked);
-    case 4: return nn_pick<4>(nv, masked);
-    case 5: return nn_pick<5>(nv, masked);
-    case 6: return nn_pick<6>(nv, masked);
-    case 7: return nn_tall<7>(nv, masked);
-    case 8: return nn_tall<8>(nv, masked);
-    case 9: return nn_tall<9>(nv, masked);
-    case 10: return nn_tall<10>(nv, masked);
-    case 11: return nn_tall<11>(nv, masked);
-    default: return nn_tall<12>(nv, masked);
+    case 1: return nn_pick<1, WT>(nv, masked);
+    case 2: return nn_pick<2, WT>(nv, masked);
+    case 3: return nn_pick<3, WT>(nv, masked);
+    case 4: return nn_pick<4, WT>(nv, masked);
+    case 5: return nn_pick<5, WT>(nv, masked);
+    case 6: return nn_pick<6, WT>(nv, masked);
+    case 7: return nn_tall<7, WT>(nv, masked);
+    case 8: return nn_tall<8, WT>(nv, masked);
+    case 9: return nn_tall<9, WT>(nv, masked);
+    case 10: return nn_tall<10, WT>(nv, masked);
+    case 11: return nn_tall<11, WT>(nv, masked);
+    default: return nn_tall<12, WT>(nv, masked);
   }
 }
 
@@ -138,14 +153,15 @@ NtFn nt_fn(int mr, int nr) {
   }
 }
 
-// Columns [n0, n0 + nw) of one batch entry, every row.
-void run_tile(const MatmulArgs& a, const float* x, const float* w, const float* bias, float* y, int64_t n0,
+// Columns [n0, n0 + nw) of one batch entry, every row. WT: the weights' type (float16 weights are packed).
+template <typename WT>
+void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* bias, float* y, int64_t n0,
               int64_t nw) {
   const int64_t M = a.m, K = a.k, N = a.n;
-  if (!a.transpose_w) {
+  if (!a.transpose_w || !std::is_same<WT, float>::value) {
     // This tile's W: columns n0.. of the [K, N] matrix (row stride N), or its own contiguous block, as
     // kTile / kPackCols contiguous [K, kPackCols] parts (a tall strip reads one part front to back).
-    const float* wt = a.packed ? w + (n0 / kTile) * K * kTile : w + n0;
+    const WT* wt = a.packed ? w + (n0 / kTile) * K * kTile : w + n0;
     const int64_t ldw = a.packed ? kPackCols : N;
     // Where the vector of tile column c starts (row 0).
     auto column = [&](int64_t c) { return a.packed ? wt + (c / kPackCols) * K * kPackCols + c % kPackCols : wt + c; };
@@ -159,9 +175,9 @@ void run_tile(const MatmulArgs& a, const float* x, const float* w, const float* 
       const bool masked = last != Isa::kW;
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t m0 = M * blk / blocks, m1 = M * (blk + 1) / blocks;
-        const float* starts[kWideNv > kTallNv ? kWideNv : kTallNv];
+        const WT* starts[kWideNv > kTallNv ? kWideNv : kTallNv];
         for (int j = 0; j < nv; ++j) starts[j] = column(s0 + j * Isa::kW);
-        nn_fn(static_cast<int>(m1 - m0), nv, masked)(x + m0 * K, K, starts, ldw,
+        nn_fn<WT>(static_cast<int>(m1 - m0), nv, masked)(x + m0 * K, K, starts, ldw,
                                                      bias == nullptr ? nullptr : bias + n0 + s0, y + m0 * N + n0 + s0,
                                                      N, K, last);
       }
@@ -171,7 +187,7 @@ void run_tile(const MatmulArgs& a, const float* x, const float* w, const float* 
       const int nr = static_cast<int>(std::min<int64_t>(kNtNr, n0 + nw - c0));
       for (int64_t m0 = 0; m0 < M; m0 += kNtMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kNtMr, M - m0));
-        nt_fn(mr, nr)(x + m0 * K, K, w + c0 * K, K, bias == nullptr ? nullptr : bias + c0, y + m0 * N + c0, N, K);
+        nt_fn(mr, nr)(x + m0 * K, K, reinterpret_cast<const float*>(w) + c0 * K, K, bias == nullptr ? nullptr : bias + c0, y + m0 * N + c0, N, K);
       }
     }
   }
@@ -185,8 +201,13 @@ void BPD_RUN_UNITS(const MatmulArgs& a, int64_t begin, int64_t end) {
   for (int64_t u = begin; u < end; ++u) {
     const int64_t b = u / tiles, n0 = (u % tiles) * kTile;
     const int64_t wb = a.w_shared ? 0 : b;
-    run_tile(a, a.x + b * a.m * a.k, a.w + wb * w_stride, a.bias == nullptr ? nullptr : a.bias + wb * a.n,
-             a.y + b * a.m * a.n, n0, std::min(kTile, a.n - n0));
+    const float* bias = a.bias == nullptr ? nullptr : a.bias + wb * a.n;
+    if (a.w_half)
+      run_tile(a, a.x + b * a.m * a.k, static_cast<const uint16_t*>(a.w) + wb * w_stride, bias, a.y + b * a.m * a.n,
+               n0, std::min(kTile, a.n - n0));
+    else
+      run_tile(a, a.x + b * a.m * a.k, static_cast<const float*>(a.w) + wb * w_stride, bias, a.y + b * a.m * a.n,
+               n0, std::min(kTile, a.n - n0));
   }
 }
 
