@@ -219,6 +219,9 @@ if __name__ == '__main__':
                                    'ratio: evenly spaced ids, random weights; latency: the R most frequent target '
                                    'tokens, as the decode sweep counts them), alternating with greedy and the '
                                    'full-vocabulary heads.')
+  _HEAD_WEIGHTS = flags.DEFINE_list('head_weights', [], 'ratio, latency: the dtypes in which the skinny kernel reads '
+                                    'heads 2..k (decode.head_weights: float32, float16), each timed alternating '
+                                    'with the others; empty: the config\'s decode.head_weights alone.')
   _TPU = flags.DEFINE_list('tpu', [], 'ratio, trees: TPU chips (v5e, v4) to estimate each row for, by compiling for '
                            "them with libtpu (pip install -e '.[tpu]'; no TPU needed). Empty: no estimate.")
   _TPU_SIZES = flags.DEFINE_list('tpu_sizes', [], 'ratio: model sizes (bpd.model.SIZES) of the TPU estimate, with '
@@ -373,21 +376,22 @@ def draft_model(model, size: int):
 
 
 def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=0, peaks=None, draft_sizes=(),
-          matmul_kernel='xla', head_weights='float32'):
+          matmul_kernel='xla', head_weights=('float32',)):
   """Returns a list of {k, batch_size, draft_vocab, greedy_step_s, block_step_s, ratio, ...accounting} records.
 
   draft_sizes: for each k and batch, besides the full-vocabulary heads (draft_vocab 0), the same iteration with a
   draft vocabulary of each of these sizes (`draft_model`), all timed alternately with the same greedy runs.
   matmul_kernel: 'xla' or 'skinny' (bpd/matmul.py, resolved), for every program, greedy's included.
-  head_weights: the dtype of heads 2..k's packed weights on the skinny kernel (config.decode.head_weights).
+  head_weights: the dtypes of heads 2..k's packed weights on the skinny kernel (config.decode.head_weights): each
+  draft size is timed with each, alternating.
   """
   cache_len = decoder_lib.cache_len(max_len, block=max(k_values))  # one cache for greedy and every k
   c = model.config
   jit = kernel_jit(matmul_kernel)
   # The skinny kernel reads packed weights, made once outside every timed program (as bpd.decoder.Decoder does).
   pack_jit = jax.jit(model_lib.packed_weights, static_argnames=('head_weights', 'draft_ids'))
-  pack = ((lambda params, draft_ids=(): pack_jit(params, head_weights=head_weights, draft_ids=draft_ids))
-          if matmul_kernel == 'skinny' else lambda params, draft_ids=(): None)
+  pack = ((lambda params, draft_ids=(), weights='float32': pack_jit(params, head_weights=weights, draft_ids=draft_ids))
+          if matmul_kernel == 'skinny' else lambda params, draft_ids=(), weights='float32': None)
   packed = pack(params)
 
   def fixed(state):
@@ -450,15 +454,16 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
     print(f'batch {batch_size}: XLA counts the whole {max_len}-step greedy loop at {loop_flops / greedy_flops:.2f} x '
           'one step: a while_loop body is counted once, so costs below come from steps compiled alone.')
     for k in k_values:
-      variants = [(size, draft_model(model, size)) for size in (0, *draft_sizes)]
+      variants = [(size, draft_model(model, size), weights) for size in (0, *draft_sizes) for weights in head_weights]
       params_k = model_lib.first_heads(model, params, k)[1]
-      packs = [pack(params_k, m.config.draft_ids) for _, m in variants]  # the heads' projection: V or R columns
+      # the heads' packed projection has V or R columns, in the variant's dtype
+      packs = [pack(params_k, m.config.draft_ids, weights) for _, m, weights in variants]
       g_seconds, *variant_seconds = timing.time_alternating(
           [lambda: run_greedy(params, packed, state)]
           + [lambda k=k, m=m, p=p: run_block(params_k, p, state, k=k, block_model=m)
-             for (_, m), p in zip(variants, packs)],
+             for (_, m, _), p in zip(variants, packs)],
           repeats, f'bench k={k} batch={batch_size}')
-      for (size, block_model), packed_k, b_seconds in zip(variants, packs, variant_seconds):
+      for (size, block_model, weights), packed_k, b_seconds in zip(variants, packs, variant_seconds):
         # the first call only proposes
         iterations = int(run_block(params_k, packed_k, state, k=k, block_model=block_model)[1]) - 1
         greedy_s = g_seconds / max_len
@@ -472,7 +477,8 @@ def bench(model, params, k_values, batch_sizes, max_len, src_len, repeats, seed=
         roof = lambda count, bandwidth='peak_gbyte_s': max(count['flops'] / (peaks['peak_gflop_s'] * 1e9),
                                                            count['bytes'] / (peaks[bandwidth] * 1e9))
         records.append({
-            'k': k, 'batch_size': batch_size, 'draft_vocab': size, 'greedy_step_s': greedy_s,
+            'k': k, 'batch_size': batch_size, 'draft_vocab': size, 'head_weights': weights,
+            'greedy_step_s': greedy_s,
             'block_step_s': block_s, 'ratio': block_s / greedy_s, 'iterations': iterations, 'max_len': max_len,
             'cache_len': cache_len, 'src_len': src_len, 'repeats': repeats,
             'greedy_flops_xla': greedy_flops, 'greedy_bytes_xla': greedy_bytes,
@@ -527,11 +533,21 @@ def add_tpu_estimates(records, chip_devices, configs):
   return records
 
 
+def head_weight_settings(config) -> tuple[str, ...]:
+  """--head_weights (each checked as decode.head_weights is), or the config's one setting."""
+  settings = tuple(_HEAD_WEIGHTS.value) or (checks.check_head_weights(config),)
+  for weights in settings:
+    if weights not in checks.HEAD_WEIGHTS:
+      raise UserError(f'--head_weights={weights}: choose among {",".join(checks.HEAD_WEIGHTS)}.')
+  return settings
+
+
 def format_table(records, title='', tpu_chips=(), tpu_sizes=()):
   """The records as a markdown table; one more column per TPU chip, its estimated ratio for each of tpu_sizes."""
   columns = [
       ('k', 'k', '{}'), ('batch_size', 'batch', '{}'),
       (None, 'draft vocab', lambda r: str(r.get('draft_vocab') or '-')),
+      (None, 'head weights', lambda r: r.get('head_weights', 'float32')),
       (None, 'greedy step (ms)', lambda r: f"{1e3 * r['greedy_step_s']:.2f}"),
       (None, 'blockwise iteration (ms)', lambda r: f"{1e3 * r['block_step_s']:.2f}"), ('ratio', 'ratio', '{:.2f}'),
       (None, 'roofline ratio (memory; L3)', lambda r: f"{r['roofline_ratio']:.2f}; {r['roofline_ratio_cached']:.2f}"),
@@ -589,7 +605,7 @@ def run_ratio(config):
   peaks = machine_peaks()
   records = bench(model, params, k_values, [int(b) for b in _BATCH_SIZES.value], _MAX_LEN.value, _SRC_LEN.value,
                   _REPEATS.value, peaks=peaks, draft_sizes=draft_sizes, matmul_kernel=kernel,
-                  head_weights=checks.check_head_weights(config))
+                  head_weights=head_weight_settings(config))
   add_tpu_estimates(records, chip_devices, tpu_configs)
   c = model.config
   title = (f'model {config.model.size}: d={c.d_model}, {c.num_encoder_layers}+{c.num_decoder_layers} layers, '
@@ -1078,9 +1094,13 @@ def run_latency(config):
   for size in sorted({int(size) for size in _DRAFT_VOCAB.value} - {0}):
     models[size] = model_lib.Transformer(draft_vocab.for_decoding(
         size, full_config, lambda: task.target_counts(config, tokenizer)))
-  decoders = {(kernel, size): decoder_lib.Decoder(m, decoder.max_len, None, decoder.eos_id, matmul_kernel=kernel,
-                                                  head_weights=checks.check_head_weights(config))
-              for kernel in kernels for size, m in models.items()}
+  # Heads 2..k in each of the --head_weights dtypes (the skinny kernel only: XLA reads the float32 parameters).
+  weights = head_weight_settings(config)
+  variants = [(kernel, size, w) for kernel in kernels for size in models
+              for w in (weights if kernel == 'skinny' else weights[:1])]
+  decoders = {(kernel, size, w): decoder_lib.Decoder(models[size], decoder.max_len, None, decoder.eos_id,
+                                                     matmul_kernel=kernel, head_weights=w)
+              for kernel, size, w in variants}
   shapes = [('chain', decoding.chain(_K.value))] + [
       (spec, trees.parse_tree_spec(spec, _K.value, workdir, vocab_size=model_config.vocab_size))
       for spec in _PROFILE_TREES.value]
@@ -1101,10 +1121,11 @@ def run_latency(config):
 
   programs = {}
   for kernel in kernels:
-    programs[f'greedy, {kernel}'] = greedy(decoders[kernel, 0])
-    for size in models:
-      for name, tree in shapes:
-        programs[f'{name}{f" R={size}" if size else ""}, {kernel}'] = blockwise(decoders[kernel, size], tree)
+    programs[f'greedy, {kernel}'] = greedy(decoders[kernel, 0, weights[0]])
+  for kernel, size, w in variants:
+    for name, tree in shapes:
+      label = f'{name}{f" R={size}" if size else ""}{" f16 heads" if w == "float16" else ""}'
+      programs[f'{label}, {kernel}'] = blockwise(decoders[kernel, size, w], tree)
   # Compile and warm up on every padded source length that is timed (run_batches pads each sentence to its own
   # multiple of 8, decoder.source_buckets), then time with no compile allowed.
   for src in list({src.shape[1]: src for src in batches}.values()) + batches[:3]:

@@ -298,12 +298,14 @@ def test_half_precision_heads_propose_as_float32_heads_and_decode_exactly():
     assert not np.array_equal(half, full), 'the float16 weights were not read'
     assert 'f16' in text and f'heads_projection_{len(draft) or 97}' in str(jax.tree_util.tree_structure(pack('float16')))
 
-  model = model_lib.Transformer(c)
   src = rng.integers(4, 97, (3, 7)).astype(np.int32)
-  decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1, head_weights='float16')
-  greedy = decoder.greedy(params, src)
-  for tree in (decoding.chain(4), trees.parse_tree_spec('dynamic:6', 4, vocab_size=97)):
-    out = decoder.blockwise(params, src, decoding.EXACT, tree)
-    np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL))
+  independent = dataclasses.replace(c, head_type='independent')
+  for config, p in ((c, params), (independent, model_lib.init_params(independent, jax.random.PRNGKey(9)))):
+    model = model_lib.Transformer(config)
+    decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1, head_weights='float16')
+    greedy = decoder.greedy(p, src)
+    for tree in (decoding.chain(4), trees.parse_tree_spec('dynamic:6', 4, vocab_size=97)):
+      out = decoder.blockwise(p, src, decoding.EXACT, tree)
+      np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL))
   with pytest.raises(UserError, match='head_weights'):
     decoder_lib.Decoder(model, max_len=12, head_weights='bfloat16')
