@@ -544,8 +544,8 @@ def packed_weights(params: Any, head_weights: str = 'float32', draft_ids: tuple[
   """The weights the skinny kernel reads in its packed layout (matmul.pack), in the 'packed' collection's tree
   (the same paths as params, weights only): every Dense kernel as the [K, N] matrix it multiplies by (attention's
   query, key and value [D, H, K] as [D, H·K], 'out' [H, K, D] as [H·K, D]) and the multi-output layer's per-head
-  kernels [n, K, N]; with a multi-output layer, also 'heads_projection_X', the [D, X] projection of sequential
-  heads 2..k (the embedding's rows transposed: X = V, or the draft vocabulary's R with draft_ids). Made once per decoder and
+  kernels [n, K, N]; with sequential heads, also 'heads_projection_X', the [D, X] projection of heads 2..k (the
+  embedding's rows transposed: X = V, or the draft vocabulary's R with draft_ids). Made once per decoder and
   parameters, outside the jitted decoders (bpd/decoder.py); head 1's projection needs none (it reads the
   embedding's rows, which are contiguous).
 

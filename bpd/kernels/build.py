@@ -17,7 +17,8 @@ HERE = pathlib.Path(__file__).parent
 SOURCES = ('skinny_avx512.cc', 'skinny_avx2.cc', 'skinny_ffi.cc')
 HEADERS = ('skinny_matmul.h', 'skinny_units.h')
 # Per file: the instruction set its functions are compiled for (the dispatcher picks one at run time).
-ISA_FLAGS = {'skinny_avx512.cc': ['-mavx512f', '-mfma'], 'skinny_avx2.cc': ['-mavx2', '-mfma', '-mf16c'], 'skinny_ffi.cc': []}
+ISA_FLAGS = {'skinny_avx512.cc': ['-mavx512f', '-mfma'], 'skinny_avx2.cc': ['-mavx2', '-mfma', '-mf16c'],
+             'skinny_ffi.cc': []}
 # -ffp-contract=off: no fused multiply-add beyond the kernels' explicit ones, so that each output's sum is the one
 # the source spells out, whatever the compiler decides.
 COMMON_FLAGS = ['-O3', '-std=c++17', '-fPIC', '-ffp-contract=off', '-w']

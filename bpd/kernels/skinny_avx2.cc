@@ -11,7 +11,9 @@ struct Isa {
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float f) { return _mm256_set1_ps(f); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V load_half(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V load_half(const uint16_t* p) {  // 8 float16 widened
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static V load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void store(float* p, V v, Mask m) { _mm256_maskstore_ps(p, m, v); }

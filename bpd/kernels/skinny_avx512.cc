@@ -11,7 +11,9 @@ struct Isa {
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float f) { return _mm512_set1_ps(f); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V load_half(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V load_half(const uint16_t* p) {  // 16 float16 widened
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   static V load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static void store(float* p, V v, Mask m) { _mm512_mask_storeu_ps(p, m, v); }

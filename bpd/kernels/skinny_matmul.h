@@ -1,4 +1,5 @@
-// Skinny matmul: y[b, M, N] = x[b, M, K] . W[b, K, N] (+ bias[b, N]), float32, for few rows M.
+// Skinny matmul: y[b, M, N] = x[b, M, K] . W[b, K, N] (+ bias[b, N]), float32 (a packed W may be float16), for few
+// rows M.
 //
 // Why: at batch 1 a decoder call multiplies a handful of rows (1 for greedy, k for a verification) by every weight
 // matrix. The time is that of reading the weights, so a kernel that streams each weight once for all M rows

@@ -104,7 +104,8 @@ constexpr NnFn<WT> nn_pick(int nv, bool masked) {
   switch (std::min(nv, kWideNv)) {
     case 1: return masked ? nn_block<MR, 1, true, WT> : nn_block<MR, 1, false, WT>;
     case 2: return masked ? nn_block<MR, 2, true, WT> : nn_block<MR, 2, false, WT>;
-    case 3: return masked ? nn_block<MR, std::min(3, kWideNv), true, WT> : nn_block<MR, std::min(3, kWideNv), false, WT>;
+    case 3:
+      return masked ? nn_block<MR, std::min(3, kWideNv), true, WT> : nn_block<MR, std::min(3, kWideNv), false, WT>;
     default: return masked ? nn_block<MR, kWideNv, true, WT> : nn_block<MR, kWideNv, false, WT>;
   }
 }
@@ -187,7 +188,8 @@ void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* bia
       const int nr = static_cast<int>(std::min<int64_t>(kNtNr, n0 + nw - c0));
       for (int64_t m0 = 0; m0 < M; m0 += kNtMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kNtMr, M - m0));
-        nt_fn(mr, nr)(x + m0 * K, K, reinterpret_cast<const float*>(w) + c0 * K, K, bias == nullptr ? nullptr : bias + c0, y + m0 * N + c0, N, K);
+        nt_fn(mr, nr)(x + m0 * K, K, reinterpret_cast<const float*>(w) + c0 * K, K,
+                      bias == nullptr ? nullptr : bias + c0, y + m0 * N + c0, N, K);
       }
     }
   }
