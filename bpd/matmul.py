@@ -217,7 +217,7 @@ def take_rows(table_VxD, ids_Bx___):
   fusion over threads, its cost model counting the whole table: tens of microseconds for a few rows. Decoding
   only: no gradient."""
   if (_active.get() != 'skinny' or table_VxD.dtype != jnp.float32 or table_VxD.ndim != 2
-      or not jnp.issubdtype(ids_Bx___.dtype, jnp.integer)):
+      or not jnp.issubdtype(ids_Bx___.dtype, jnp.signedinteger)):  # int32 ids pass as they are
     return None
   _library()
   rows = math.prod(ids_Bx___.shape)
