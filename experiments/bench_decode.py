@@ -948,7 +948,7 @@ def fixed_cost_programs(model, params, mesh, k, lengths, sources, matmul_kernel=
   cache = decoder_lib.cache_len(longest, k)
   # The encoder alone, on the decoders' matmuls (the skinny kernel reads the packed weights, Decoder._packed).
   init = jax.jit(matmul.traced(lambda params, packed, src_BxS: model_lib.decode_fns(
-      model, params, num_heads=1, packed=packed)[0](src_BxS, cache), base.matmul_kernel))
+      model, params, num_heads=1, packed=packed).init(src_BxS, cache), base.matmul_kernel))
   packed = base._packed(params)  # pylint: disable=protected-access
   for variant, src in sources.items():
     out[f'encoder{variant}'] = lambda src=src: jax.block_until_ready(init(params, packed, put(src)))

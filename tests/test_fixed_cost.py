@@ -100,3 +100,15 @@ def test_profile_median_counts_each_kernel_at_its_median_run():
   instructions = bench_decode.hlo_instructions(fn.lower(x, w).compile().as_text())
   kernels = bench_decode.profile(lambda: fn(x, w), 5, instructions, reduce='median')
   assert kernels and all(count == 5 and ns > 0 for ns, count in kernels.values())
+
+
+def test_every_part_of_the_fixed_cost_breakdown_runs():
+  """--mode=fixed_cost's programs (dispatch, encoder alone, greedy and blockwise at each length, copy back,
+  batching), each run once on a tiny model: the encoder-alone program once called the model's score function."""
+  c = model_lib.model_config('tiny', vocab_size=50, k=2, dropout_rate=0.0)
+  model, params = model_lib.Transformer(c), model_lib.init_params(c, jax.random.PRNGKey(0))
+  src = np.random.default_rng(0).integers(4, 50, (1, 8)).astype(np.int32)
+  programs = bench_decode.fixed_cost_programs(model, params, None, 2, (2, 4), {'': src})
+  assert {'dispatch', 'encoder', 'greedy L=4', 'blockwise L=4', 'copy back blockwise', 'batching'} <= set(programs)
+  for name, fn in programs.items():
+    assert fn() is not None, name
