@@ -91,7 +91,7 @@ class Decoder:
     # 'xla' or 'skinny' (bpd/matmul.py): every program of this decoder is traced with it, so each jitted method
     # below compiles under one setting.
     self.matmul_kernel = matmul.resolve(matmul_kernel, mesh)
-    if head_weights not in ('float32', 'float16'):
+    if head_weights not in model_lib.HEAD_WEIGHTS:
       raise UserError(f'head_weights={head_weights!r}: choose float32 or float16 (config.decode.head_weights).')
     out = None if mesh is None else sharding.replicated(mesh)
     self._greedy_jit = jax.jit(matmul.traced(self._greedy, self.matmul_kernel), out_shardings=out)

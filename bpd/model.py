@@ -114,6 +114,8 @@ class ModelConfig:
 
 
 HEAD_TYPES = ('independent', 'sequential')
+# config.decode.head_weights: the dtype in which a skinny-kernel decoder reads heads 2..k (packed_weights)
+HEAD_WEIGHTS = {'float32': jnp.float32, 'float16': jnp.float16}
 
 
 def model_config(size: str, vocab_size: int, k: int = 1, **overrides) -> ModelConfig:
@@ -553,7 +555,7 @@ def packed_weights(params: Any, head_weights: str = 'float32', draft_ids: tuple[
   projection in half precision: heads 2..k only propose, and verification (head 1, float32) decides what is
   accepted, so exact decoding stays identical to greedy while the heads read half the bytes. Not the paper's.
   """
-  head_dtype = {'float32': jnp.float32, 'float16': jnp.float16}[head_weights]
+  head_dtype = HEAD_WEIGHTS[head_weights]
   def walk(tree, name):
     if not isinstance(tree, dict):
       return None

@@ -539,8 +539,8 @@ def head_weight_settings(config) -> tuple[str, ...]:
   """--head_weights (each checked as decode.head_weights is), or the config's one setting."""
   settings = tuple(_HEAD_WEIGHTS.value) or (checks.check_head_weights(config),)
   for weights in settings:
-    if weights not in checks.HEAD_WEIGHTS:
-      raise UserError(f'--head_weights={weights}: choose among {",".join(checks.HEAD_WEIGHTS)}.')
+    if weights not in model_lib.HEAD_WEIGHTS:
+      raise UserError(f'--head_weights={weights}: choose among {",".join(model_lib.HEAD_WEIGHTS)}.')
   return settings
 
 
