@@ -85,7 +85,7 @@ class Decoder:
   """
 
   def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None, eos_id: int = tokenizer_lib.EOS_ID,
-               matmul_kernel: str = 'auto', head_weights: str = 'float32'):
+               matmul_kernel: str = 'auto', head_weights: str = 'float16'):
     # eos_id=-1 (images) never matches a token: decoding always runs for max_len tokens.
     self.model, self.max_len, self.mesh, self.eos_id = model, max_len, mesh, eos_id
     # 'xla' or 'skinny' (bpd/matmul.py): every program of this decoder is traced with it, so each jitted method

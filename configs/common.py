@@ -220,9 +220,11 @@ def defaults() -> ml_collections.ConfigDict:
   # The weight matmuls of decoding (bpd/matmul.py): 'auto' (bpd's skinny kernel on CPU where it builds, else XLA) |
   # 'xla' | 'skinny' (CPU, one device; an error where it cannot be built). Parameters are the same either way.
   c.decode.matmul_kernel = 'auto'
-  # The weights of proposal heads 2..k and their projection as the skinny kernel reads them: 'float32' | 'float16'
-  # (half the bytes; head 1, which verifies, stays float32, so exact decoding stays greedy's). Not in the paper.
-  c.decode.head_weights = 'float32'
+  # The weights of proposal heads 2..k and their projection as the skinny kernel reads them: 'float16' (half the
+  # bytes, products and sums in float32) | 'float32'. Head 1, which verifies, stays float32 either way, so exact
+  # decoding stays greedy's; only proposals can differ, where two of a head's logits are within half rounding.
+  # XLA's matmuls read the float32 parameters whatever this says. Not in the paper.
+  c.decode.head_weights = 'float16'
   c.decode.timing_repeats = 3  # alternate greedy/blockwise runs this many times; medians give the speedup
   c.decode.temperature = 0.0  # > 0 also decodes by sampling at this temperature (a row of its own; 'speculative')
   c.decode.seed = 0  # the sampled row's random seed (same seed and batch size: same samples)
