@@ -110,6 +110,7 @@ class Decoder:
     self._pack_jit = jax.jit(functools.partial(model_lib.packed_weights, head_weights=head_weights,
                                                draft_ids=model.config.draft_ids))
     self._packed_cache = {}  # id of a parameter tree -> (that tree, its packed weights)
+    self._keys = {}  # seed -> its PRNGKey (_key)
 
   def _heads(self, params, k):
     """The first k heads' parameters of `params` (model.first_heads), cut once per params and k, outside the
@@ -133,6 +134,14 @@ class Decoder:
         self._packed_cache.pop(next(iter(self._packed_cache)))
       cached = self._packed_cache[id(params)] = (params, self._pack_jit(params))
     return cached[1]
+
+  def _key(self, seed: int):
+    """jax.random.PRNGKey(seed), made once per seed: making it is a device dispatch of its own, which every
+    batch-1 sentence would otherwise pay on top of its decode, even with a rule that never draws."""
+    key = self._keys.get(seed)
+    if key is None:
+      key = self._keys[seed] = jax.random.PRNGKey(seed)
+    return key
 
   def _model(self, k):
     """The k-head model whose parameters `_heads` cut (the model itself for k = 1 or all its heads)."""
@@ -160,14 +169,14 @@ class Decoder:
     uses row b's stream fold_in(PRNGKey(seed), b): the same seed and batch give the same samples, and a row's
     samples do not depend on the other rows."""
     params_k = self._heads(params, tree.depth if drafter.reads_heads else 1)
-    return self._blockwise_jit(params_k, self._packed(params_k), self._put(src_BxS), rule, jax.random.PRNGKey(seed),
+    return self._blockwise_jit(params_k, self._packed(params_k), self._put(src_BxS), rule, self._key(seed),
                                tree=tree, drafter=drafter)
 
   def sample(self, params, src_BxS, temperature: float, seed: int, top_k: int = 0, top_p: float = 1.0):
     """Ancestral sampling at `temperature`, truncated to top_k / top_p (see sampling_score_fn; 0 and 1: off). The
     same seed and batch give the same samples; a row's sample depends on the seed and on its place in the batch."""
     return self._sample_jit(params, self._packed(params), self._put(src_BxS), np.float32(temperature),
-                            jax.random.PRNGKey(seed), top_k=top_k, top_p=top_p)
+                            self._key(seed), top_k=top_k, top_p=top_p)
 
   def beam(self, params, src_BxS, beam_size, alpha):
     """The best beam's tokens_BxL."""
