@@ -16,9 +16,12 @@ namespace {
 
 // Two register-block shapes (accumulators + W vectors + one broadcast fit the 32 zmm or 16 ymm registers): wide
 // (few rows, more columns) when all M rows fit in one wide block, else tall, so that up to kTallMr rows share one
-// pass over W (a second pass would re-read the strip from cache).
+// pass over W (a second pass re-reads the strip from cache). With AVX2 every M takes wide blocks: the tall
+// block's one W vector per k comes with twelve broadcasts, more loads than the cores issue beside its FMAs, and
+// measured slower than 6 x 16 blocks re-reading the strip at every M from 7 to 64 (docs/results/benchmark.md).
 constexpr int kWideMr = 6, kWideNv = Isa::kW == 16 ? 4 : 2;
 constexpr int kTallMr = 12, kTallNv = Isa::kW == 16 ? 2 : 1;
+constexpr bool kOnlyWide = Isa::kW == 8;
 constexpr int kNtMr = Isa::kW == 16 ? 4 : 2;    // transposed W: rows per block
 constexpr int kNtNr = 4;                         // transposed W: W rows (output columns) per block
 constexpr int kPrefetchRows = 16;                // W rows ahead: a strip row is one to four cache lines
@@ -166,9 +169,10 @@ void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* bia
     const int64_t ldw = a.packed ? kPackCols : N;
     // Where the vector of tile column c starts (row 0).
     auto column = [&](int64_t c) { return a.packed ? wt + (c / kPackCols) * K * kPackCols + c % kPackCols : wt + c; };
-    const bool wide = M <= kWideMr;
+    const bool wide = kOnlyWide || M <= kWideMr;
     const int64_t strip = (wide ? kWideNv : kTallNv) * Isa::kW;
-    const int64_t blocks = wide ? 1 : (M + kTallMr - 1) / kTallMr;  // row blocks of balanced sizes
+    const int64_t row_block = wide ? kWideMr : kTallMr;
+    const int64_t blocks = (M + row_block - 1) / row_block;  // row blocks of balanced sizes
     for (int64_t s0 = 0; s0 < nw; s0 += strip) {
       const int64_t sw = std::min(strip, nw - s0);
       const int nv = static_cast<int>((sw + Isa::kW - 1) / Isa::kW);
