@@ -152,11 +152,13 @@ def _attend_skinny(q_BxTxHxK, k_BxHxKxS, v_BxHxSxK, mask_BxTxS, dtype) -> jax.Ar
   is, so that a T-token verification computes what T one-token steps compute, bit for bit (DESIGN §8)."""
   b, t, h, depth = q_BxTxHxK.shape
   q_NxTxK = jnp.swapaxes(q_BxTxHxK, 1, 2).reshape(b * h, t, depth)
-  logits_NxTxS = matmul.batched(q_NxTxK, k_BxHxKxS.reshape(b * h, depth, -1)).astype(jnp.float32)
+  # The caches go to the kernel as they lie ([B, H, ...], read as [B * H, ...]): reshaped here, a cache just
+  # written by this call was copied (twice per layer and call) by XLA's CPU backend before the kernel read it.
+  logits_NxTxS = matmul.batched(q_NxTxK, k_BxHxKxS).astype(jnp.float32)
   logits_BxHxTxS = logits_NxTxS.reshape(b, h, t, -1) / np.sqrt(depth).astype(np.float32)
   logits_BxHxTxS = jnp.where(mask_BxTxS[:, None], logits_BxHxTxS, NEG_INF)
   weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1).astype(dtype)
-  out_NxTxK = matmul.batched(weights_BxHxTxS.reshape(b * h, t, -1), v_BxHxSxK.reshape(b * h, -1, depth))
+  out_NxTxK = matmul.batched(weights_BxHxTxS.reshape(b * h, t, -1), v_BxHxSxK)
   return jnp.swapaxes(out_NxTxK.reshape(b, h, t, depth), 1, 2)
 
 

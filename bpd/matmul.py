@@ -185,8 +185,14 @@ def dense_nt(x_Bx___xK, w_NxK):
 
 def batched(x_Nx___xK, w_NxKxF, bias_NxF=None, packed=None):
   """One matmul per leading index n: [n, ..., K] x [n, K, F] -> [n, ..., F] (+ bias [n, F]), the multi-output
-  layer's heads (layers.MultiOutput). packed: `pack(w)`."""
+  layer's heads (layers.MultiOutput) and the attention over the decoding caches. packed: `pack(w)`. w may also be
+  [n1, n2, K, F] with n1 * n2 = n (a cache [B, H, K, S]): the kernel reads it as it lies, without a reshape."""
   n, rows = x_Nx___xK.shape[0], math.prod(x_Nx___xK.shape[1:-1])
+  if w_NxKxF.ndim > 3:
+    if math.prod(w_NxKxF.shape[:-2]) != n:
+      raise ValueError(f'batched: w {w_NxKxF.shape} has not {n} matrices (x {x_Nx___xK.shape})')
+    if packed is not None or not _fits(x_Nx___xK, w_NxKxF, rows):
+      w_NxKxF = w_NxKxF.reshape((n,) + w_NxKxF.shape[-2:])
   if not _fits(x_Nx___xK, w_NxKxF, rows):
     y = jnp.einsum('n...k,nkf->n...f', x_Nx___xK, w_NxKxF)
     if bias_NxF is not None:

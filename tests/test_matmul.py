@@ -3,6 +3,7 @@ inside jit and lax.while_loop, the packed layout, the library's argmax, the sett
 model's decoding on it (a k-token verification computes the greedy steps' logits bit for bit)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -41,6 +42,10 @@ def _ops(m, k, n, seed):
       'batched': (lambda: matmul.batched(xs, ws, bs), np.einsum('nmk,nkf->nmf', d(xs), d(ws)) + d(bs)[:, None]),
       'batched, packed': (lambda: matmul.batched(xs, ws, packed=matmul.pack(ws)),
                           np.einsum('nmk,nkf->nmf', d(xs), d(ws))),
+      # w with two leading axes (a decoding cache [B, H, K, S]), read as its 6 = 2 x 3 matrices
+      'batched, w [2, 3, K, N]': (lambda: matmul.batched(np.concatenate([xs, xs + 1]), np.stack([ws, -ws])),
+                                  np.einsum('nmk,nkf->nmf', d(np.concatenate([xs, xs + 1])),
+                                            d(np.concatenate([ws, -ws])))),
   }
 
 
@@ -247,6 +252,26 @@ def test_verification_logits_are_greedy_steps_logits_bit_for_bit(tiny_model):
   lowered = jax.jit(run).lower(params, packed).as_text()
   # every weight matmul of the decoder read its packed copy: per layer q, k, v, out (self), q, out (cross), wi, wo
   assert lowered.count('packed = 1') >= 8 * model.config.num_decoder_layers
+
+
+def _while_body(hlo_text: str) -> str:
+  """The text of the (first) while loop's body computation in a compiled HLO module."""
+  name = re.search(r'body=%([\w.\-]+)', hlo_text).group(1)
+  start = re.search(rf'^%?{re.escape(name)} .*{{\s*$', hlo_text, re.M).start()
+  return hlo_text[start:hlo_text.index('\n}', start)]
+
+
+def test_greedy_loop_writes_its_cache_in_place(tiny_model):
+  """A greedy step on the kernel writes one token's keys and values into the cache and reads the cache, with no
+  copy of a whole cache in the loop (XLA's CPU backend made two per layer and call when the attention reshaped the
+  freshly written cache for the kernel)."""
+  model, params = tiny_model
+  decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1)
+  src = np.random.default_rng(6).integers(4, 97, (1, 7)).astype(np.int32)
+  hlo = decoder._greedy_jit.lower(params, decoder._packed(params), src).compile().as_text()  # pylint: disable=protected-access
+  cache = decoder_lib.cache_len(12)
+  copies = [line for line in _while_body(hlo).splitlines() if ' copy(' in line and f',{cache}' in line.split('=')[1]]
+  assert not copies, copies
 
 
 def test_decoder_on_the_kernel_decodes_exactly(tiny_model):

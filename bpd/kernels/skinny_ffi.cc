@@ -139,7 +139,7 @@ void run(const MatmulArgs& a, RunUnits units) {
   pool().Run(total, [&](int64_t u) { units(a, u, u + 1); });
 }
 
-// x [B, M, K]; w [Bw, K, N], [Bw, N, K] (transpose_w) or [Bw, tiles, parts, K, kPackCols] (packed), Bw = 1 or B; or
+// x [B, M, K]; w [Bw, K, N] (or [..., K, N], the leading axes' product Bw), [Bw, N, K] (transpose_w) or [Bw, tiles, parts, K, kPackCols] (packed), Bw = 1 or B; or
 // with w_index >= 0 one more leading axis, of which only entry w_index is read (a head's weights, not copied);
 // bias [Bw, N] or [0, N] (none); y [B, M, N].
 ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
@@ -154,10 +154,18 @@ ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
   const auto xd = x.dimensions(), yd = y->dimensions(), bd = bias.dimensions();
   const auto w_dims = w.dimensions();
   const size_t w_rank = (packed ? 5 : 3) + (w_index >= 0 ? 1 : 0);
-  if (xd.size() != 3 || w_dims.size() != w_rank || yd.size() != 3 || bd.size() != 2)
+  // A plain w may have more leading axes, read as one (a decoding cache [B, H, K, S] as [B * H, K, S]): reshaped
+  // in the program instead, a freshly written cache was copied by XLA's CPU backend on every call.
+  const bool plain = !packed && w_index < 0;
+  if (xd.size() != 3 || !(w_dims.size() == w_rank || (plain && w_dims.size() > w_rank)) || yd.size() != 3 ||
+      bd.size() != 2)
     return ffi::Error::InvalidArgument("bpd skinny matmul: operand ranks do not match the layout");
   const char* w_data = static_cast<const char*>(w.untyped_data());
   std::vector<int64_t> wd(w_dims.begin(), w_dims.end());
+  while (wd.size() > w_rank) {  // leading axes into one
+    wd[1] *= wd[0];
+    wd.erase(wd.begin());
+  }
   if (w_index >= 0) {  // entry w_index of the leading axis
     if (w_index >= wd[0]) return ffi::Error::InvalidArgument("bpd skinny matmul: w_index out of range");
     int64_t entry = 1;
