@@ -91,12 +91,13 @@ class Rule(Protocol):
     target). Called on every tree (a chain, a Layout, a TreePolicy): the drafter gets it as DraftInputs.next_B, and a
     tree built per row grows from it as its root."""
 
-  def draft(self, target, heads_BxDm1xV, tree, keys_B) -> tuple[jax.Array, Any]:
+  def draft(self, target, proposal, tree, keys_B) -> tuple[jax.Array, Any]:
     """(nodes_BxN, memo): the tokens of the next tree's nodes, from the target at the last accepted position
     (greedy rules: head 1's logits and argmax there; sampling: the distribution of the next token) and the
-    drafter's guesses for depths 1..D-1 (`Proposal.heads_BxDm1xV`: heads 2..D's logits, or a drafter's one-hot rows;
-    or the tree's own tokens, `tree.token_BxN`, where it was built per row); memo: what accept will need
-    (leaves [B, ...]). nodes_BxN[:, 0] must be the next token itself (the root of rank 0)."""
+    drafter's guesses for depths 1..D-1 (a `Proposal`: heads 2..D's logits, or a drafter's one-hot rows, and where
+    the drafter has them their argmaxes; or the tree's own tokens, `tree.token_BxN`, where it was built per row);
+    memo: what accept will need (leaves [B, ...]). nodes_BxN[:, 0] must be the next token itself (the root of rank
+    0)."""
 
   def accept(self, nodes_BxN, logits_BxNxV, memo, tree, keys_B) -> tuple[jax.Array, Any]:
     """(last_B, target) after the verification call: the deepest accepted node per row (k̂ = its depth + 1) and
@@ -170,12 +171,17 @@ class Criterion:
   def first(self, target, tree, keys_B):
     return target['best_B']
 
-  def draft(self, target, heads_BxDm1xV, tree, keys_B):
+  def draft(self, target, proposal, tree, keys_B):
     logits_BxV, best_B = target['logits_BxV'], target['best_B']
+    heads_BxDm1xV = proposal.heads_BxDm1xV
     if tree.is_chain:  # ŷ_{j+1} = head 1's argmax, ŷ_{j+2..j+k} heads 2..k's
       if tree.depth == 1:
         return best_B[:, None], ()
-      return jnp.concatenate([best_B[:, None], argmax(heads_BxDm1xV[:, :tree.depth - 1])], axis=1), ()
+      if proposal.best_BxDm1 is not None:
+        choices_BxDm1 = proposal.best_BxDm1[:, :tree.depth - 1]
+      else:
+        choices_BxDm1 = argmax(heads_BxDm1xV[:, :tree.depth - 1])
+      return jnp.concatenate([best_B[:, None], choices_BxDm1], axis=1), ()
     if tree.token_BxN is not None:  # chosen as it was built (Dynamic.build, from `first`: node 0 is best_B)
       return tree.token_BxN, ()
     B = best_B.shape[0]
@@ -435,12 +441,16 @@ class ModelFns(NamedTuple):
   """The model as the loop sees it (module docstring): score_fn, propose_fn, move_fn for trees that are not
   chains (None is fine for a chain), and expand_fn for heads that are fed their parent's token (None: the heads'
   choices do not depend on the node they continue, and a context-aware tree reads propose_fn's). init(src_BxS,
-  cache_len) -> state makes the state the loops start from; the loops themselves never call it."""
+  cache_len) -> state makes the state the loops start from; the loops themselves never call it.
+  propose_choices(hidden) -> (propose's logits, their argmaxes int32 [B, k-1], ties to the lower id), for heads
+  that take the argmaxes anyway (sequential heads feed each head the one before's; a draft vocabulary takes them
+  over R, not V): the heads drafter then hands the rule both (Proposal.best_BxDm1). None: propose alone."""
   score: ScoreFn
   propose: ProposeFn
   move: MoveFn | None = None
   expand: ExpandFn | None = None
   init: InitFn | None = None
+  propose_choices: Callable | None = None
 
 
 def chain_tree(k: int) -> TreePaths:
@@ -886,20 +896,24 @@ class Proposal(NamedTuple):
   each, shared by every node at that depth (what a chain and a static tree draft from; None where the drafter only
   answers per parent). children(d, parents_BxW) -> logits [B, W or 1, V]: the children of W nodes at depth d - 1
   whose tokens are parents_BxW (what a tree built per row, a `TreePolicy`, grows from: one row for all where the
-  guesses ignore the parent)."""
+  guesses ignore the parent). best_BxDm1: int32 [B, D-1], `argmax(heads_BxDm1xV)` (ties to the lower id) where the
+  drafter has it already, else None. Why: a chain drafts the rank-0 choices alone; read from here, the logits are
+  never read, and XLA drops them (a draft vocabulary's spread to V floats per head) and the argmax over V."""
   heads_BxDm1xV: Any
   children: Callable
+  best_BxDm1: Any = None
 
 
-def per_depth(heads_BxDm1xV: jax.Array) -> Proposal:
-  """The Proposal of guesses that ignore the parent: depth d's one row serves every parent at depth d - 1."""
-  return Proposal(heads_BxDm1xV, lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None])
+def per_depth(heads_BxDm1xV: jax.Array, best_BxDm1: jax.Array | None = None) -> Proposal:
+  """The Proposal of guesses that ignore the parent: depth d's one row serves every parent at depth d - 1.
+  best_BxDm1: argmax(heads_BxDm1xV), where the caller has it (Proposal)."""
+  return Proposal(heads_BxDm1xV, lambda d, parents_BxW: heads_BxDm1xV[:, d - 1, None], best_BxDm1)
 
 
 def proposal_from_tokens(tokens_BxDm1: jax.Array, vocab_size: int) -> Proposal:
   """The Proposal of a drafter that guesses one token per depth: one-hot rows in the heads' place, so every greedy
   criterion drafts them (a rank-0 choice is the token) and checks them as the heads' choices."""
-  return per_depth(jax.nn.one_hot(tokens_BxDm1, vocab_size, dtype=jnp.float32))
+  return per_depth(jax.nn.one_hot(tokens_BxDm1, vocab_size, dtype=jnp.float32), tokens_BxDm1.astype(jnp.int32))
 
 
 class Drafter(Protocol):
@@ -945,9 +959,13 @@ class Heads:
     if per_row and seen.fns.expand is not None:  # each parent's children from its own token
       return Proposal(None, lambda d, parents_BxW: seen.fns.expand(seen.hidden_Bx___, d, parents_BxW))
     B = seen.length_B.shape[0]
-    # One head's choices serve every parent at its depth.
-    return per_depth(seen.fns.propose(seen.hidden_Bx___)[:, :depth - 1] if depth > 1
-                     else jnp.zeros((B, 0, 1), jnp.float32))
+    if depth == 1:
+      return per_depth(jnp.zeros((B, 0, 1), jnp.float32), jnp.zeros((B, 0), jnp.int32))
+    # One head's choices serve every parent at its depth. With the heads' own argmaxes where the model has them.
+    if seen.fns.propose_choices is not None:
+      logits_BxKm1xV, best_BxKm1 = seen.fns.propose_choices(seen.hidden_Bx___)
+      return per_depth(logits_BxKm1xV[:, :depth - 1], best_BxKm1[:, :depth - 1])
+    return per_depth(seen.fns.propose(seen.hidden_Bx___)[:, :depth - 1])
 
   def move(self, state, rows: 'Rows') -> tuple:
     del rows
@@ -982,10 +1000,10 @@ def _draft(rule, tree, target, hidden_Bx___, fns: 'ModelFns', keys_B, drafter, d
                      next_B=next_B, vocab_size=vocab_size)
   proposal = drafter.propose(draft_state, seen, tree.depth, tree.per_row)
   if not tree.per_row:
-    nodes_BxN, memo = rule.draft(target, proposal.heads_BxDm1xV, tree, keys_B)
+    nodes_BxN, memo = rule.draft(target, proposal, tree, keys_B)
     return nodes_BxN, (), memo
   row = tree.build(next_B, proposal.children)
-  nodes_BxN, memo = rule.draft(target, proposal.heads_BxDm1xV, row, keys_B)
+  nodes_BxN, memo = rule.draft(target, proposal, row, keys_B)
   return nodes_BxN, row, memo
 
 

@@ -407,6 +407,13 @@ class Transformer(nn.Module):
     draft_RxD: with a draft vocabulary (config.draft_ids), its R rows of the embedding, gathered once per decode
     (`draft_rows`; decode_fns passes them). Without it they are gathered here.
     """
+    return self.propose_choices(hidden_BxD, split, draft_RxD)[0]
+
+  def propose_choices(self, hidden_BxD, split=None, draft_RxD=None):
+    """`propose`'s logits [B, k-1, V] and their argmaxes [B, k-1] (int32, ties to the lower id), where the heads
+    take them anyway: sequential heads feed each head the one before's; with a draft vocabulary the argmax is taken
+    over the R logits and mapped to its id. A chain drafts the argmaxes alone (decoding.Proposal), and XLA then
+    drops the spread of R logits to V and an argmax over V per head. Elsewhere the argmaxes are of the logits."""
     if self._sequential():
       return self._propose_sequential(hidden_BxD, self.config.k, split, draft_RxD)
     prior_BxKm1xV = None
@@ -415,10 +422,12 @@ class Transformer(nn.Module):
     vectors_BxKm1xD = self.multi_output(hidden_BxD)
     if not self.config.draft_ids:
       logits_BxKm1xV = self.logits(vectors_BxKm1xD)
-      return logits_BxKm1xV if prior_BxKm1xV is None else logits_BxKm1xV + prior_BxKm1xV
+      logits_BxKm1xV = logits_BxKm1xV if prior_BxKm1xV is None else logits_BxKm1xV + prior_BxKm1xV
+      return logits_BxKm1xV, _argmax(logits_BxKm1xV)
     draft_RxD = self._draft_rows() if draft_RxD is None else draft_RxD
     logits_BxKm1xR = self._draft_logits(vectors_BxKm1xD, draft_RxD, prior_BxKm1xV)
-    return spread_draft_logits(logits_BxKm1xR, self.config.draft_ids, self.config.vocab_size)
+    return (spread_draft_logits(logits_BxKm1xR, self.config.draft_ids, self.config.vocab_size),
+            _draft_ids(self.config.draft_ids)[_argmax(logits_BxKm1xR)])
 
   def _draft_rows(self):
     """The draft vocabulary's rows of the shared embedding [R, D] (`draft_rows`, from inside the module)."""
@@ -488,16 +497,29 @@ class Transformer(nn.Module):
     hidden_BxD, token_B = hidden['hidden_BxTxD'], hidden['first_BxT']
     prior_BxKm1xV = hidden.get('prior_BxTxKm1xV')
     draft = self.config.draft_ids
-    logits = []
+    logits, tokens = [], []
     for n in range(heads - 1):
       prior_BxV = None if prior_BxKm1xV is None else prior_BxKm1xV[:, n]
       logits_BxX = self._sequential_head(hidden_BxD, n, token_B, split, draft_RxD, prior_BxV)  # X: R or V
-      choice_B = jnp.argmax(logits_BxX, axis=-1)
-      token_B = (jnp.asarray(np.asarray(draft, np.int32))[choice_B] if draft else choice_B).astype(jnp.int32)
+      choice_B = _argmax(logits_BxX)
+      token_B = _draft_ids(draft)[choice_B] if draft else choice_B
       logits.append(logits_BxX)
-    if draft:  # one spread of all k' - 1 heads' logits: a V-float write per head
-      return spread_draft_logits(jnp.stack(logits, axis=1), draft, self.config.vocab_size)
-    return jnp.stack(logits, axis=1)
+      tokens.append(token_B)
+    logits_BxKm1xX, tokens_BxKm1 = jnp.stack(logits, axis=1), jnp.stack(tokens, axis=1)
+    if draft:  # one spread of all k' - 1 heads' logits: a V-float write per head (where anything reads them)
+      return spread_draft_logits(logits_BxKm1xX, draft, self.config.vocab_size), tokens_BxKm1
+    return logits_BxKm1xX, tokens_BxKm1
+
+
+def _argmax(logits_Bx___xX) -> jax.Array:
+  """The decode loop's own argmax (decoding.argmax: int32, the first index of the maximum), so that a head's
+  choice is the one the loop would take from its logits."""
+  return decoding.argmax(logits_Bx___xX)
+
+
+def _draft_ids(draft_ids) -> jax.Array:
+  """The draft vocabulary's ids [R] (ascending: an argmax over R, ties to the lower index, is the lower id)."""
+  return jnp.asarray(np.asarray(draft_ids, np.int32))
 
 
 def spread_draft_logits(logits_Bx___xR, draft_ids, vocab_size: int) -> jax.Array:
@@ -685,8 +707,14 @@ def decode_fns(model: Transformer, params: Any, num_heads: int | None = None,
   def propose_fn(hidden_BxD):
     return model.apply(variables, hidden_BxD, split, draft_RxD, method=Transformer.propose)
 
+  def propose_choices_fn(hidden_BxD):
+    return model.apply(variables, hidden_BxD, split, draft_RxD, method=Transformer.propose_choices)
+
   def expand_fn(hidden, depth, parents_BxW):
     return model.apply(variables, hidden, depth, parents_BxW, split, draft_RxD, method=Transformer.expand)
 
+  # propose_choices where the heads take their argmaxes anyway (below V wide): sequential heads, a draft vocabulary.
+  choices = sequential or bool(model.config.draft_ids)
   return decoding.ModelFns(score=score_fn, propose=propose_fn, move=move_cache,
-                           expand=expand_fn if sequential else None, init=init_state)
+                           expand=expand_fn if sequential else None, init=init_state,
+                           propose_choices=propose_choices_fn if choices else None)

@@ -122,14 +122,14 @@ class Sampling:
     """The free token, node 0, drawn from target_BxV with the block's first uniform."""
     return _inverse_cdf(target_BxV, _uniforms(keys_B, tree.num_nodes)[:, 0, 0])
 
-  def draft(self, target_BxV, heads_BxDm1xV, tree, keys_B):
+  def draft(self, target_BxV, proposal, tree, keys_B):
     """Node 0 (the free token) drawn from target_BxV; on a static tree node n at depth d >= 1 a draft from
     q_{d+1} = softmax(head_{d+1} / T), each node with its own uniform; memo {'q_logits': the heads' logits}. A tree
     built per row (decoding.RowTree) holds its tokens already, chosen from the free token down: memo {} (each
     node's q a point mass at its token, module docstring)."""
     if tree.token_BxN is not None:  # built per row by decoding.Dynamic from `first`
       return tree.token_BxN, {}
-    heads_BxDm1xV = heads_BxDm1xV.astype(jnp.float32)
+    heads_BxDm1xV = proposal.heads_BxDm1xV.astype(jnp.float32)
     u_BxN = _uniforms(keys_B, tree.num_nodes)[:, 0]
     free_B = _inverse_cdf(target_BxV, u_BxN[:, 0])  # = first(...)
     if tree.num_nodes == 1:

@@ -39,10 +39,10 @@ class Planted:
   def target(self, logits_BxV):
     return self.base.target(logits_BxV)
 
-  def draft(self, target, heads_BxDm1xV, tree, keys_B):
-    nodes_BxN, memo = self.base.draft(target, heads_BxDm1xV, tree, keys_B)
+  def draft(self, target, proposal, tree, keys_B):
+    nodes_BxN, memo = self.base.draft(target, proposal, tree, keys_B)
     if tree.per_row and self.plant == 'depth_q':
-      memo = {'depth_q_logits': heads_BxDm1xV.astype(jnp.float32)}  # (independent heads: propose_fn's)
+      memo = {'depth_q_logits': proposal.heads_BxDm1xV.astype(jnp.float32)}  # (independent heads: propose_fn's)
     return nodes_BxN, memo
 
   def accept(self, nodes_BxN, logits_BxNxV, memo, tree, keys_B):

@@ -62,12 +62,13 @@ def _greedy(params, src, *, model):
 CHAIN = decoding.layout(decoding.chain_tree(K))
 
 
-@functools.partial(jax.jit, static_argnames=('model', 'tree'))
-def _blockwise(params, src, *, model, tree=CHAIN):
+@functools.partial(jax.jit, static_argnames=('model', 'tree', 'choices'))
+def _blockwise(params, src, *, model, tree=CHAIN, choices=True):
+  """choices=False: the loop drafts from propose's logits alone (ModelFns without propose_choices)."""
   fns = model_lib.decode_fns(model, params)
-  init_state, score_fn, propose_fn, expand_fn = fns.init, fns.score, fns.propose, fns.expand
-  return decoding.blockwise(decoding.ModelFns(score_fn, propose_fn, model_lib.move_cache, expand_fn),
-                            init_state(src, MAX_LEN + tree.num_nodes + 1), fixed=_fixed(src), tree=tree,
+  if not choices:
+    fns = fns._replace(propose_choices=None)
+  return decoding.blockwise(fns, fns.init(src, MAX_LEN + tree.num_nodes + 1), fixed=_fixed(src), tree=tree,
                             rule=decoding.EXACT)
 
 
@@ -142,6 +143,28 @@ def test_proposals_never_leave_the_draft_set(subjects, head_type):
   np.testing.assert_allclose(np.asarray(through_fns)[..., ids], np.asarray(alone)[..., ids], atol=1e-5)
   if head_type == 'independent':
     np.testing.assert_allclose(np.asarray(through_fns)[..., ids], np.asarray(reference)[..., ids], atol=1e-5)
+
+
+@pytest.mark.parametrize('head_type', ['independent', 'sequential'])
+def test_the_heads_choices_are_the_argmaxes_of_their_logits(subjects, head_type):
+  """propose_choices (which a chain drafts from, and whose logits XLA then drops) returns propose's logits and, as
+  the second output, what the loop's argmax takes from them: the first id of the maximum, a draft id. A chain
+  drafted from the choices decodes what one drafted from the logits decodes."""
+  model, params = subjects[head_type]
+  rng = np.random.RandomState(5)
+  hidden = jnp.asarray(rng.normal(size=(16, model.config.d_model)), jnp.float32)
+  if head_type == 'sequential':
+    hidden = {'hidden_BxTxD': hidden, 'first_BxT': jnp.asarray(rng.randint(0, VOCAB, size=16), jnp.int32)}
+  fns = jax.jit(lambda p, h: model_lib.decode_fns(model, p).propose_choices(h))
+  logits, choices = (np.asarray(a) for a in fns(params, hidden))
+  np.testing.assert_array_equal(logits, np.asarray(jax.jit(lambda p, h: model_lib.decode_fns(model, p).propose(h))(
+      params, hidden)))
+  assert choices.dtype == np.int32 and choices.shape == (16, K - 1)
+  np.testing.assert_array_equal(choices, np.argmax(logits, axis=-1))  # numpy: the first index of the maximum
+  src = jnp.asarray(sequential_subject._sources(np.random.RandomState(11), BATCH))
+  with_choices, from_logits = (_blockwise(params, src, model=model, choices=c) for c in (True, False))
+  for a, b in zip(jax.tree.leaves(with_choices), jax.tree.leaves(from_logits)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 # -- speculative sampling with drafts from the truncated q ------------------------------------------------------
