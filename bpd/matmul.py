@@ -173,13 +173,19 @@ def dense(x_Bx___xK, w_KxN, bias_N=None, preferred_element_type=None, packed=Non
   return y.reshape(x_Bx___xK.shape[:-1] + (n,))
 
 
-def dense_nt(x_Bx___xK, w_NxK):
-  """x @ w.T, float32: [..., K] x [N, K] -> [..., N] (the tied vocabulary projection, embedding [V, D]: its rows
-  are contiguous, so it needs no packing)."""
+def dense_nt(x_Bx___xK, w_NxK, packed=None):
+  """x @ w.T, float32: [..., K] x [N, K] -> [..., N] (the tied vocabulary projection, embedding [V, D]).
+  packed: `pack(w.T)`, which the kernel then reads instead, as `dense` reads a packed [K, N]: each output one sum
+  over k in order, in register blocks of up to a whole tile, where w's contiguous rows take a dot product per
+  output and a sum across the vector's lanes (slower at every row count measured)."""
   rows = math.prod(x_Bx___xK.shape[:-1])
   if not _fits(x_Bx___xK, w_NxK, rows):
     return jnp.einsum('...k,nk->...n', x_Bx___xK.astype(w_NxK.dtype), w_NxK, preferred_element_type=jnp.float32)
-  y = _skinny(x_Bx___xK.reshape(1, rows, -1), w_NxK[None], None, w_NxK.shape[0], transpose_w=True)
+  x = x_Bx___xK.reshape(1, rows, -1)
+  if packed is None:
+    y = _skinny(x, w_NxK[None], None, w_NxK.shape[0], transpose_w=True)
+  else:
+    y = _skinny(x, packed[None], None, w_NxK.shape[0], packed=True)
   return y.reshape(x_Bx___xK.shape[:-1] + w_NxK.shape[:1])
 
 

@@ -233,7 +233,9 @@ class Transformer(nn.Module):
     from the embedding's own dtype: a bfloat16 decode (params_in_compute_dtype) reads its bfloat16 embedding, not a
     float32 copy of it, as the vocabulary projections are a large share of a decoding step's bytes."""
     embedding_VxD = self.embed.embedding
-    return matmul.dense_nt(hidden_Bx___xD, embedding_VxD)
+    # A skinny-kernel decoder reads the packed transpose (packed_weights): greedy and verification alike, so that
+    # both sum each logit in the same order.
+    return matmul.dense_nt(hidden_Bx___xD, embedding_VxD, packed=layers.packed(self, 'logits_DxV'))
 
   def encode(self, src_BxS, deterministic=True):
     """Encoder output [B, S, D]. Source id 0 is padding."""
@@ -569,9 +571,9 @@ def packed_weights(params: Any, head_weights: str = 'float32', draft_ids: tuple[
   (the same paths as params, weights only): every Dense kernel as the [K, N] matrix it multiplies by (attention's
   query, key and value [D, H, K] as [D, H·K], 'out' [H, K, D] as [H·K, D]) and the multi-output layer's per-head
   kernels [n, K, N]; with sequential heads, also 'heads_projection_X', the [D, X] projection of heads 2..k (the
-  embedding's rows transposed: X = V, or the draft vocabulary's R with draft_ids). Made once per decoder and
-  parameters, outside the jitted decoders (bpd/decoder.py); head 1's projection needs none (it reads the
-  embedding's rows, which are contiguous).
+  embedding's rows transposed: X = V, or the draft vocabulary's R with draft_ids); and 'logits_DxV', head 1's
+  projection (`logits`), the float32 embedding transposed. Made once per decoder and parameters, outside the
+  jitted decoders (bpd/decoder.py).
 
   head_weights='float16' (config.decode.head_weights) packs the multi-output layer's kernels and the heads'
   projection in half precision: heads 2..k only propose, and verification (head 1, float32) decides what is
@@ -594,11 +596,15 @@ def packed_weights(params: Any, head_weights: str = 'float32', draft_ids: tuple[
         out[key] = matmul.pack(value, head_dtype)
     return out
   out = walk(params, '')
+  embedding_VxD = params['embed']['embedding']
+  if embedding_VxD.dtype == jnp.float32:
+    out['logits_DxV'] = matmul.pack(embedding_VxD.T)
   if 'token_kernel' in params.get('multi_output', {}):  # sequential heads: one projection per head, after the layer
-    rows_XxD = params['embed']['embedding']
+    rows_XxD = embedding_VxD
     if draft_ids:
       rows_XxD = jnp.take(rows_XxD, np.asarray(draft_ids, np.int32), axis=0)
-    out[f'heads_projection_{rows_XxD.shape[0]}'] = matmul.pack(rows_XxD.T, head_dtype)
+    same = not draft_ids and head_dtype == jnp.float32 and 'logits_DxV' in out
+    out[f'heads_projection_{rows_XxD.shape[0]}'] = out['logits_DxV'] if same else matmul.pack(rows_XxD.T, head_dtype)
   return out
 
 

@@ -22,6 +22,14 @@ namespace {
 constexpr int kWideMr = 6, kWideNv = Isa::kW == 16 ? 4 : 2;
 constexpr int kTallMr = 12, kTallNv = Isa::kW == 16 ? 2 : 1;
 constexpr bool kOnlyWide = Isa::kW == 8;
+// One or two rows take wider blocks, up to a whole tile: a wide block's two accumulators per row would leave a
+// one-row product waiting on the FMA latency (each accumulator's chain over k is serial), and one row is a greedy
+// step's every product. Each output is still one accumulator summed over k in order, so no sum depends on M.
+template <int MR>
+constexpr int max_nv() {
+  return MR == 1 ? static_cast<int>(kTile) / Isa::kW
+                 : MR == 2 ? std::max(kWideNv, static_cast<int>(kTile) / Isa::kW / 2) : kWideNv;
+}
 constexpr int kNtMr = Isa::kW == 16 ? 4 : 2;    // transposed W: rows per block
 constexpr int kNtNr = 4;                         // transposed W: W rows (output columns) per block
 constexpr int kPrefetchRows = 16;                // W rows ahead: a strip row is one to four cache lines
@@ -102,14 +110,23 @@ template <typename WT>
 using NnFn = void (*)(const float*, int64_t, const WT* const*, int64_t, const float*, float*, int64_t, int64_t, int);
 using NtFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
 
+template <int MR, int NV, typename WT>
+constexpr NnFn<WT> nn_of(bool masked) {
+  constexpr int nv = std::min(NV, max_nv<MR>());
+  return masked ? nn_block<MR, nv, true, WT> : nn_block<MR, nv, false, WT>;
+}
+
 template <int MR, typename WT>
 constexpr NnFn<WT> nn_pick(int nv, bool masked) {
-  switch (std::min(nv, kWideNv)) {
-    case 1: return masked ? nn_block<MR, 1, true, WT> : nn_block<MR, 1, false, WT>;
-    case 2: return masked ? nn_block<MR, 2, true, WT> : nn_block<MR, 2, false, WT>;
-    case 3:
-      return masked ? nn_block<MR, std::min(3, kWideNv), true, WT> : nn_block<MR, std::min(3, kWideNv), false, WT>;
-    default: return masked ? nn_block<MR, kWideNv, true, WT> : nn_block<MR, kWideNv, false, WT>;
+  switch (std::min(nv, max_nv<MR>())) {
+    case 1: return nn_of<MR, 1, WT>(masked);
+    case 2: return nn_of<MR, 2, WT>(masked);
+    case 3: return nn_of<MR, 3, WT>(masked);
+    case 4: return nn_of<MR, 4, WT>(masked);
+    case 5: return nn_of<MR, 5, WT>(masked);
+    case 6: return nn_of<MR, 6, WT>(masked);
+    case 7: return nn_of<MR, 7, WT>(masked);
+    default: return nn_of<MR, 8, WT>(masked);
   }
 }
 
@@ -170,7 +187,7 @@ void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* bia
     // Where the vector of tile column c starts (row 0).
     auto column = [&](int64_t c) { return a.packed ? wt + (c / kPackCols) * K * kPackCols + c % kPackCols : wt + c; };
     const bool wide = kOnlyWide || M <= kWideMr;
-    const int64_t strip = (wide ? kWideNv : kTallNv) * Isa::kW;
+    const int64_t strip = (M == 1 ? max_nv<1>() : M == 2 ? max_nv<2>() : wide ? kWideNv : kTallNv) * Isa::kW;
     const int64_t row_block = wide ? kWideMr : kTallMr;
     const int64_t blocks = (M + row_block - 1) / row_block;  // row blocks of balanced sizes
     for (int64_t s0 = 0; s0 < nw; s0 += strip) {
@@ -180,7 +197,7 @@ void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* bia
       const bool masked = last != Isa::kW;
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t m0 = M * blk / blocks, m1 = M * (blk + 1) / blocks;
-        const WT* starts[kWideNv > kTallNv ? kWideNv : kTallNv];
+        const WT* starts[kTile / Isa::kW];
         for (int j = 0; j < nv; ++j) starts[j] = column(s0 + j * Isa::kW);
         nn_fn<WT>(static_cast<int>(m1 - m0), nv, masked)(x + m0 * K, K, starts, ldw,
                                                      bias == nullptr ? nullptr : bias + n0 + s0, y + m0 * N + n0 + s0,
