@@ -30,6 +30,11 @@ constexpr int max_nv() {
   return MR == 1 ? static_cast<int>(kTile) / Isa::kW
                  : MR == 2 ? std::max(kWideNv, static_cast<int>(kTile) / Isa::kW / 2) : kWideNv;
 }
+// With AVX2, 3 to 8 rows go two at a time over 32-column strips (a packed part, read front to back) rather than in
+// 6 x 16 blocks, whose strips take half of each part's rows: streamed from L3 or DRAM, as a decoding step streams
+// its weights, two-row passes were 1.1-1.3x faster; one matrix kept in L2 is read faster by 6 x 16 blocks, but a
+// decoder's weights do not stay there (docs/results/scripts/skinny_pairs.py).
+constexpr int kPairsUpTo = Isa::kW == 8 ? 8 : 0;
 constexpr int kNtMr = Isa::kW == 16 ? 4 : 2;    // transposed W: rows per block
 constexpr int kNtNr = 4;                         // transposed W: W rows (output columns) per block
 constexpr int kPrefetchRows = 16;                // W rows ahead: a strip row is one to four cache lines
@@ -187,8 +192,9 @@ void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* bia
     // Where the vector of tile column c starts (row 0).
     auto column = [&](int64_t c) { return a.packed ? wt + (c / kPackCols) * K * kPackCols + c % kPackCols : wt + c; };
     const bool wide = kOnlyWide || M <= kWideMr;
-    const int64_t strip = (M == 1 ? max_nv<1>() : M == 2 ? max_nv<2>() : wide ? kWideNv : kTallNv) * Isa::kW;
-    const int64_t row_block = wide ? kWideMr : kTallMr;
+    const bool pairs = M > 2 && M <= kPairsUpTo;
+    const int64_t strip = (M == 1 ? max_nv<1>() : (M == 2 || pairs) ? max_nv<2>() : wide ? kWideNv : kTallNv) * Isa::kW;
+    const int64_t row_block = pairs ? 2 : wide ? kWideMr : kTallMr;
     const int64_t blocks = (M + row_block - 1) / row_block;  // row blocks of balanced sizes
     for (int64_t s0 = 0; s0 < nw; s0 += strip) {
       const int64_t sw = std::min(strip, nw - s0);

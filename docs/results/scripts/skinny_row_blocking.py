@@ -1,7 +1,8 @@
 """The skinny kernel's two row blockings on AVX2, side by side in one process: tall blocks (up to 12 rows x 8
 columns, the rule before every M took wide blocks) against wide blocks (6 rows x 16 columns, re-reading each
 weight strip from cache per 6 rows), for M = 7..64 rows, packed float32 weights in cache (1 matrix) and from
-memory (30 matrices). Both blockings must give the same bits; the script checks it.
+memory (30 matrices). Both blockings must give the same bits; the script checks it. (Three to eight rows now go
+two at a time whatever this switch says, skinny_pairs.py: rows 7 and 8 time the same code either way.)
 
 How: it copies bpd/kernels to a temporary directory, adds a switch that the timing loop flips between runs
 (`bpd_only_wide(0 | 1)`), builds that copy, and points bpd.matmul at it. 20th percentile of 9 alternating runs
