@@ -425,11 +425,11 @@ class Transformer(nn.Module):
     if not self.config.draft_ids:
       logits_BxKm1xV = self.logits(vectors_BxKm1xD)
       logits_BxKm1xV = logits_BxKm1xV if prior_BxKm1xV is None else logits_BxKm1xV + prior_BxKm1xV
-      return logits_BxKm1xV, _argmax(logits_BxKm1xV)
+      return logits_BxKm1xV, decoding.argmax(logits_BxKm1xV)
     draft_RxD = self._draft_rows() if draft_RxD is None else draft_RxD
     logits_BxKm1xR = self._draft_logits(vectors_BxKm1xD, draft_RxD, prior_BxKm1xV)
     return (spread_draft_logits(logits_BxKm1xR, self.config.draft_ids, self.config.vocab_size),
-            _draft_ids(self.config.draft_ids)[_argmax(logits_BxKm1xR)])
+            _draft_ids(self.config.draft_ids)[decoding.argmax(logits_BxKm1xR)])
 
   def _draft_rows(self):
     """The draft vocabulary's rows of the shared embedding [R, D] (`draft_rows`, from inside the module)."""
@@ -503,7 +503,7 @@ class Transformer(nn.Module):
     for n in range(heads - 1):
       prior_BxV = None if prior_BxKm1xV is None else prior_BxKm1xV[:, n]
       logits_BxX = self._sequential_head(hidden_BxD, n, token_B, split, draft_RxD, prior_BxV)  # X: R or V
-      choice_B = _argmax(logits_BxX)
+      choice_B = decoding.argmax(logits_BxX)  # the loop's own argmax: the choice it would take from these logits
       token_B = _draft_ids(draft)[choice_B] if draft else choice_B
       logits.append(logits_BxX)
       tokens.append(token_B)
@@ -511,12 +511,6 @@ class Transformer(nn.Module):
     if draft:  # one spread of all k' - 1 heads' logits: a V-float write per head (where anything reads them)
       return spread_draft_logits(logits_BxKm1xX, draft, self.config.vocab_size), tokens_BxKm1
     return logits_BxKm1xX, tokens_BxKm1
-
-
-def _argmax(logits_Bx___xX) -> jax.Array:
-  """The decode loop's own argmax (decoding.argmax: int32, the first index of the maximum), so that a head's
-  choice is the one the loop would take from its logits."""
-  return decoding.argmax(logits_Bx___xX)
 
 
 def _draft_ids(draft_ids) -> jax.Array:

@@ -20,7 +20,10 @@ from bpd.data import batching
 from configs import multi30k_ende
 
 
-def main(workdir, data_dir='../shared/data/multi30k', k=4, draft=2000, sentences=60, passes=3):
+def decoders(workdir, data_dir='../shared/data/multi30k', k=4, draft=2000, sentences=60):
+  """(greedy, chain, batches): run_greedy(src) and run_chain(src) decode one padded batch to host results, both on
+  the skinny kernel (the chain: k' = k, float16 heads, the `draft` most frequent target tokens); batches: the first
+  `sentences` of test_2016_flickr at batch 1. Also skinny_pairs.py's subjects."""
   config = multi30k_ende.get_config('k=10')
   config.data.dir = data_dir
   task = tasks.for_config(config)
@@ -37,6 +40,11 @@ def main(workdir, data_dir='../shared/data/multi30k', k=4, draft=2000, sentences
   batches = [src for _, src in batching.eval_batches(src_ids, None, 1, decoder_lib.source_buckets(src_ids))]
   run_greedy = lambda src: jax.device_get(greedy.greedy(params, src))
   run_chain = lambda src: jax.device_get(chain.blockwise(params, src, rule, tree))
+  return run_greedy, run_chain, batches
+
+
+def main(workdir, data_dir='../shared/data/multi30k', k=4, draft=2000, sentences=60, passes=3):
+  run_greedy, run_chain, batches = decoders(workdir, data_dir, k, draft, sentences)
   for src in batches:  # compile and warm up on every padded length
     run_greedy(src)
     run_chain(src)

@@ -11,9 +11,7 @@ points bpd.matmul at it (skinny_row_blocking.py's way). 20th percentile of 9 alt
 """
 import argparse
 import ctypes
-import dataclasses
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,28 +30,8 @@ STEPS, REPEATS = skinny_row_blocking.STEPS, skinny_row_blocking.REPEATS
 
 def switchable_library(directory: pathlib.Path) -> pathlib.Path:
   """The kernel library built from a copy of bpd/kernels whose two-row rule is switched at run time."""
-  import shutil  # pylint: disable=import-outside-toplevel
-  shutil.copytree(build.HERE, directory, dirs_exist_ok=True)
-  units, ffi = directory / 'skinny_units.h', directory / 'skinny_ffi.cc'
-  text = units.read_text()
-  rule = 'const bool pairs = M > 2 && M <= kPairsUpTo;'
-  if rule not in text:
-    sys.exit('skinny_units.h no longer has the two-row rule this script switches; update the script.')
-  text = text.replace(rule, 'const bool pairs = g_pairs && M > 2 && M <= kPairsUpTo;')
-  units.write_text(text.replace('namespace bpd {\nnamespace {', 'namespace bpd {\nextern int g_pairs;\nnamespace {', 1))
-  text = ffi.read_text().replace('namespace bpd {\nnamespace {', 'namespace bpd {\nint g_pairs = 1;\nnamespace {', 1)
-  ffi.write_text(text.replace('extern "C" {', 'extern "C" {\n__attribute__((visibility("default"))) void '
-                              'bpd_pairs(int on) { bpd::g_pairs = on; }', 1))
-  include = jax.ffi.include_dir()
-  objects = []
-  for name in build.SOURCES:
-    obj = str(directory / (name + '.o'))
-    subprocess.run([build.compiler(), *build.COMMON_FLAGS, *build.ISA_FLAGS[name], f'-I{include}', '-c',
-                    str(directory / name), '-o', obj], check=True)
-    objects.append(obj)
-  library = directory / build.LIBRARY
-  subprocess.run([build.compiler(), '-shared', '-pthread', *objects, '-o', str(library)], check=True)
-  return library
+  return skinny_row_blocking.library_with_switch(directory, 'const bool pairs = M > 2 && M <= kPairsUpTo;',
+                                                 'const bool pairs = g_pairs && M > 2 && M <= kPairsUpTo;', 'pairs', 1)
 
 
 def matrices(matmul, switch):
@@ -83,25 +61,10 @@ def matrices(matmul, switch):
       print(f'| {name} | {m} | {before:.1f} | {pairs:.1f} | {before / pairs:.2f}x |', flush=True)
 
 
-def decoders(switch, workdir, data_dir, passes=3, sentences=60):
-  from bpd import decoder as decoder_lib, decoding, draft_vocab, evaluate, sharding, tasks  # pylint: disable=import-outside-toplevel
-  from bpd import model as model_lib  # pylint: disable=import-outside-toplevel
-  from bpd.data import batching  # pylint: disable=import-outside-toplevel
-  from configs import multi30k_ende  # pylint: disable=import-outside-toplevel
-  config = multi30k_ende.get_config('k=10')
-  config.data.dir = data_dir
-  task = tasks.for_config(config)
-  model_config, params, _, tokenizer, decoder = evaluate.load_for_decoding(config, workdir, task, sharding.make_mesh(1))
-  full = dataclasses.replace(model_config, draft_ids=())
-  drafting = model_lib.Transformer(draft_vocab.for_decoding(2000, full, lambda: task.target_counts(config, tokenizer)))
-  greedy = decoder_lib.Decoder(model_lib.Transformer(full), decoder.max_len, None, decoder.eos_id, matmul_kernel='skinny')
-  chain = decoder_lib.Decoder(drafting, decoder.max_len, None, decoder.eos_id, matmul_kernel='skinny',
-                              head_weights='float16')
-  rule, tree = decoding.parse_criterion('exact'), decoding.chain(4)
-  src_ids = task.decode_examples(config, 'test_2016_flickr', tokenizer)[0][:sentences]
-  batches = [src for _, src in batching.eval_batches(src_ids, None, 1, decoder_lib.source_buckets(src_ids))]
-  fns = {'greedy': lambda src: jax.device_get(greedy.greedy(params, src)),
-         'chain': lambda src: jax.device_get(chain.blockwise(params, src, rule, tree))}
+def decoders(switch, workdir, data_dir, passes=3):
+  import per_sentence_fit  # pylint: disable=import-outside-toplevel  (after main points bpd.matmul at the copy)
+  greedy, chain, batches = per_sentence_fit.decoders(workdir, data_dir)
+  fns = {'greedy': greedy, 'chain': chain}
   for src in batches:  # compile and warm up
     for fn in fns.values():
       fn(src)

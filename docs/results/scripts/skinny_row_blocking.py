@@ -28,30 +28,36 @@ from bpd.kernels import build
 STEPS, REPEATS = 50, 9
 
 
-def switchable_library(directory: pathlib.Path) -> pathlib.Path:
-  """The kernel library built from a copy of bpd/kernels whose AVX2 row blocking is chosen at run time."""
+def library_with_switch(directory: pathlib.Path, rule: str, switched: str, name: str, default: int) -> pathlib.Path:
+  """The kernel library built from a copy of bpd/kernels in which skinny_units.h's line `rule` reads `switched`
+  instead, `switched` testing a global int g_NAME (initially `default`) that bpd_NAME(int) sets at run time."""
   shutil.copytree(build.HERE, directory, dirs_exist_ok=True)
   units, ffi = directory / 'skinny_units.h', directory / 'skinny_ffi.cc'
   text = units.read_text()
-  rule = 'const bool wide = kOnlyWide || M <= kWideMr;'
   if rule not in text:
-    sys.exit('skinny_units.h no longer has the row-blocking rule this script switches; update the script.')
-  text = text.replace(rule, 'const bool wide = (kOnlyWide && g_only_wide) || M <= kWideMr;')
-  units.write_text(text.replace('namespace bpd {\nnamespace {', 'namespace bpd {\nextern int g_only_wide;\n'
-                                'namespace {', 1))
-  text = ffi.read_text().replace('namespace bpd {\nnamespace {', 'namespace bpd {\nint g_only_wide = 1;\nnamespace {', 1)
+    sys.exit(f'skinny_units.h no longer has the rule this script switches ({rule}); update the script.')
+  units.write_text(text.replace(rule, switched).replace('namespace bpd {\nnamespace {',
+                                                        f'namespace bpd {{\nextern int g_{name};\nnamespace {{', 1))
+  text = ffi.read_text().replace('namespace bpd {\nnamespace {',
+                                 f'namespace bpd {{\nint g_{name} = {default};\nnamespace {{', 1)
   ffi.write_text(text.replace('extern "C" {', 'extern "C" {\n__attribute__((visibility("default"))) void '
-                              'bpd_only_wide(int on) { bpd::g_only_wide = on; }', 1))
+                              f'bpd_{name}(int on) {{ bpd::g_{name} = on; }}', 1))
   include = jax.ffi.include_dir()
   objects = []
-  for name in build.SOURCES:
-    obj = str(directory / (name + '.o'))
-    subprocess.run([build.compiler(), *build.COMMON_FLAGS, *build.ISA_FLAGS[name], f'-I{include}', '-c',
-                    str(directory / name), '-o', obj], check=True)
+  for source in build.SOURCES:
+    obj = str(directory / (source + '.o'))
+    subprocess.run([build.compiler(), *build.COMMON_FLAGS, *build.ISA_FLAGS[source], f'-I{include}', '-c',
+                    str(directory / source), '-o', obj], check=True)
     objects.append(obj)
   library = directory / build.LIBRARY
   subprocess.run([build.compiler(), '-shared', '-pthread', *objects, '-o', str(library)], check=True)
   return library
+
+
+def switchable_library(directory: pathlib.Path) -> pathlib.Path:
+  """The kernel library built from a copy of bpd/kernels whose AVX2 row blocking is chosen at run time."""
+  return library_with_switch(directory, 'const bool wide = kOnlyWide || M <= kWideMr;',
+                             'const bool wide = (kOnlyWide && g_only_wide) || M <= kWideMr;', 'only_wide', 1)
 
 
 def program(matmul, ws, packs):
