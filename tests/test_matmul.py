@@ -129,6 +129,30 @@ def test_argmax_ties_go_to_the_lower_id_and_nan_wins():
   assert matmul.argmax(logits) is None, 'outside use(skinny) the caller uses XLA'
 
 
+@pytest.mark.parametrize('v', [1, 3, 4, 7, 8, 9, 15, 300, 4001])
+def test_argmax_is_numpys_at_every_vocabulary_size(v):
+  # The reference is numpy's documented rule: the first index of the maximum, a NaN (its first) being the maximum.
+  # Rows put the maximum, its ties, a NaN, -0 / +0 and -inf in the vector part and in the scalar tail.
+  rng = np.random.default_rng(v)
+  rows = [rng.standard_normal(v), np.full(v, -np.inf), np.zeros(v), -np.zeros(v)]
+  for place in {0, v // 2, v - 1}:
+    tied = rng.standard_normal(v)
+    tied[place] = tied[v - 1 - place] = 9.0
+    nan = rng.standard_normal(v)
+    nan[place] = np.nan
+    signed_zero = -np.abs(rng.standard_normal(v)) - 1.0
+    signed_zero[place] = -0.0
+    signed_zero[v - 1] = 0.0
+    rows += [tied, nan, signed_zero]
+  logits = np.stack(rows).astype(np.float32)
+
+  @jax.jit
+  def run(x):
+    with matmul.use('skinny'):
+      return decoding.argmax(x)
+  np.testing.assert_array_equal(np.asarray(run(logits)), np.argmax(logits, -1))
+
+
 def test_take_rows_is_jnp_take_including_negative_and_out_of_range_ids():
   # The reference is numpy's indexing, with the rule jnp.take documents for its default mode: a negative index
   # counts from the end, one still outside the table fills with NaN.
