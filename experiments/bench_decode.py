@@ -54,7 +54,8 @@ from the TPU compiler's cost analysis and the chip's published peaks. An ESTIMAT
 
 --mode=profile. For the config's model size (random weights, as --mode=ratio), each program is the real jitted
 decoding loop (`decoding.greedy`, `decoding.blockwise` with min_block:k, so every iteration scores and accepts k
-tokens). It is compiled, warmed up, then run --runs times under jax.profiler. XLA's CPU runtime records one trace
+tokens; on the skinny kernel, heads 2..k packed in the config's decode.head_weights, as Decoder packs them). It
+is compiled, warmed up, then run --runs times under jax.profiler. XLA's CPU runtime records one trace
 event per executed kernel (thunk), named after its HLO instruction; the profile sums them per instruction and
 divides by the loop's trip count: microseconds per greedy step or per iteration. Each kernel's row gives its kind
 (fusion, dot, copy, ...), its output shape, the bytes of its operands and output from the compiled HLO (what the
@@ -742,7 +743,8 @@ def kernel_table(title, kernels, instructions, steps, top):
           + report.markdown_table(rows, columns))
 
 
-def loop_programs(model, params, state, k_values, max_len, tree_specs=(), matmul_kernel='xla'):
+def loop_programs(model, params, state, k_values, max_len, tree_specs=(), matmul_kernel='xla',
+                  head_weights='float32'):
   """{name: (jitted fn, args, static kwargs, trip count)}: greedy and the blockwise loop for each k; with
   tree_specs, the exact-rule loop over each tree (a spec of bpd/trees.py without trees.json, e.g. 'dynamic:16') at
   each k, whose trip count (its iterations: random heads are rarely right) is read from one run."""
@@ -772,7 +774,8 @@ def loop_programs(model, params, state, k_values, max_len, tree_specs=(), matmul
 
   first_heads = jax.jit(lambda params, k: model_lib.first_heads(model, params, k)[1], static_argnames='k')
   # The skinny kernel reads packed weights, made once outside the programs (as bpd.decoder.Decoder does).
-  pack = jax.jit(model_lib.packed_weights) if matmul_kernel == 'skinny' else lambda params: None
+  pack = (jax.jit(functools.partial(model_lib.packed_weights, head_weights=head_weights))
+          if matmul_kernel == 'skinny' else lambda params: None)
   out = {'greedy': (run_greedy, (params, pack(params), state), {}, max_len)}
   for k in k_values:
     params_k = first_heads(params, k=k)
@@ -797,13 +800,14 @@ def run_profile(config):
   tables = [f'model {config.model.size}: d={c.d_model}, {c.num_decoder_layers} decoder layers, ff {c.d_ff}, '
             f'vocab {c.vocab_size}, {c.dtype}, {c.head_type} heads; {_MAX_LEN.value} tokens per run, '
             f'{_RUNS.value} profiled runs, '
-            f'kernel time {_REDUCE.value}; matmuls: {kernel}; '
+            f'kernel time {_REDUCE.value}; matmuls: {kernel}, heads 2..k {checks.check_head_weights(config)}; '
             f'XLA_FLAGS={os.environ.get("XLA_FLAGS", "")!r}']
   rng = np.random.RandomState(0)
   for batch in [int(b) for b in _BATCH_SIZES.value]:
     src = jnp.asarray(rng.randint(4, c.vocab_size, size=(batch, _SRC_LEN.value)), jnp.int32)
     state = jax.block_until_ready(encode(params, src))
-    programs = loop_programs(model, params, state, k_values, _MAX_LEN.value, _PROFILE_TREES.value, kernel)
+    programs = loop_programs(model, params, state, k_values, _MAX_LEN.value, _PROFILE_TREES.value, kernel,
+                             head_weights=checks.check_head_weights(config))
     for name, (jitted, args, kwargs, steps) in programs.items():
       instructions = hlo_instructions(jitted.lower(*args, **kwargs).compile().as_text())
       kernels = profile(lambda: jitted(*args, **kwargs), _RUNS.value, instructions, _REDUCE.value)
