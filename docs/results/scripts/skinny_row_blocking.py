@@ -28,16 +28,19 @@ from bpd.kernels import build
 STEPS, REPEATS = 50, 9
 
 
-def library_with_switch(directory: pathlib.Path, rule: str, switched: str, name: str, default: int) -> pathlib.Path:
+def library_with_switch(directory: pathlib.Path, rule: str, switched: str, name: str, default: int,
+                        more: dict = None) -> pathlib.Path:
   """The kernel library built from a copy of bpd/kernels in which skinny_units.h's line `rule` reads `switched`
-  instead, `switched` testing a global int g_NAME (initially `default`) that bpd_NAME(int) sets at run time."""
+  instead (and each line of `more` its value), `switched` testing a global int g_NAME (initially `default`) that
+  bpd_NAME(int) sets at run time."""
   shutil.copytree(build.HERE, directory, dirs_exist_ok=True)
   units, ffi = directory / 'skinny_units.h', directory / 'skinny_ffi.cc'
   text = units.read_text()
-  if rule not in text:
-    sys.exit(f'skinny_units.h no longer has the rule this script switches ({rule}); update the script.')
-  units.write_text(text.replace(rule, switched).replace('namespace bpd {\nnamespace {',
-                                                        f'namespace bpd {{\nextern int g_{name};\nnamespace {{', 1))
+  for line, value in {rule: switched, **(more or {})}.items():
+    if line not in text:
+      sys.exit(f'skinny_units.h no longer has the rule this script switches ({line}); update the script.')
+    text = text.replace(line, value)
+  units.write_text(text.replace('namespace bpd {\nnamespace {', f'namespace bpd {{\nextern int g_{name};\nnamespace {{', 1))
   text = ffi.read_text().replace('namespace bpd {\nnamespace {',
                                  f'namespace bpd {{\nint g_{name} = {default};\nnamespace {{', 1)
   ffi.write_text(text.replace('extern "C" {', 'extern "C" {\n__attribute__((visibility("default"))) void '
