@@ -422,12 +422,22 @@ class Transformer(nn.Module):
     if isinstance(hidden_BxD, dict):  # with config.output_prior_sigma (score)
       hidden_BxD, prior_BxKm1xV = hidden_BxD['hidden_BxTxD'], hidden_BxD['prior_BxTxKm1xV']
     vectors_BxKm1xD = self.multi_output(hidden_BxD)
+    # A skinny-kernel decoder reads the heads' own packed projection (packed_weights: in decode.head_weights, onto
+    # V or the draft vocabulary's R), as the sequential heads do; elsewhere the tied projection.
+    columns = len(self.config.draft_ids) if self.config.draft_ids else self.config.vocab_size
+    packed = layers.packed(self, f'heads_projection_{columns}')
     if not self.config.draft_ids:
-      logits_BxKm1xV = self.logits(vectors_BxKm1xD)
+      logits_BxKm1xV = self.logits(vectors_BxKm1xD) if packed is None else matmul.dense(
+          vectors_BxKm1xD, self.embed.embedding.T, preferred_element_type=jnp.float32, packed=packed)
       logits_BxKm1xV = logits_BxKm1xV if prior_BxKm1xV is None else logits_BxKm1xV + prior_BxKm1xV
       return logits_BxKm1xV, decoding.argmax(logits_BxKm1xV)
     draft_RxD = self._draft_rows() if draft_RxD is None else draft_RxD
-    logits_BxKm1xR = self._draft_logits(vectors_BxKm1xD, draft_RxD, prior_BxKm1xV)
+    if packed is None:
+      logits_BxKm1xR = self._draft_logits(vectors_BxKm1xD, draft_RxD, prior_BxKm1xV)
+    else:
+      logits_BxKm1xR = matmul.dense(vectors_BxKm1xD, draft_RxD.T, preferred_element_type=jnp.float32, packed=packed)
+      if prior_BxKm1xV is not None:
+        logits_BxKm1xR = logits_BxKm1xR + jnp.take(prior_BxKm1xV, np.asarray(self.config.draft_ids), axis=-1)
     return (spread_draft_logits(logits_BxKm1xR, self.config.draft_ids, self.config.vocab_size),
             _draft_ids(self.config.draft_ids)[decoding.argmax(logits_BxKm1xR)])
 
@@ -564,8 +574,8 @@ def packed_weights(params: Any, head_weights: str = 'float32', draft_ids: tuple[
   """The weights the skinny kernel reads in its packed layout (matmul.pack), in the 'packed' collection's tree
   (the same paths as params, weights only): every Dense kernel as the [K, N] matrix it multiplies by (attention's
   query, key and value [D, H, K] as [D, H·K], 'out' [H, K, D] as [H·K, D]) and the multi-output layer's per-head
-  kernels [n, K, N]; with sequential heads, also 'heads_projection_X', the [D, X] projection of heads 2..k (the
-  embedding's rows transposed: X = V, or the draft vocabulary's R with draft_ids); and 'logits_DxV', head 1's
+  kernels [n, K, N]; with heads, also 'heads_projection_X', the [D, X] projection of heads 2..k (the embedding's
+  rows transposed: X = V, or the draft vocabulary's R with draft_ids); and 'logits_DxV', head 1's
   projection (`logits`), the float32 embedding transposed. Made once per decoder and parameters, outside the
   jitted decoders (bpd/decoder.py).
 
@@ -593,7 +603,7 @@ def packed_weights(params: Any, head_weights: str = 'float32', draft_ids: tuple[
   embedding_VxD = params['embed']['embedding']
   if embedding_VxD.dtype == jnp.float32:
     out['logits_DxV'] = matmul.pack(embedding_VxD.T)
-  if 'token_kernel' in params.get('multi_output', {}):  # sequential heads: one projection per head, after the layer
+  if 'multi_output' in params:  # heads 2..k's projection, after the multi-output layer
     rows_XxD = embedding_VxD
     if draft_ids:
       rows_XxD = jnp.take(rows_XxD, np.asarray(draft_ids, np.int32), axis=0)

@@ -315,41 +315,49 @@ def test_decoder_on_the_kernel_decodes_exactly(tiny_model):
 
 
 def test_half_precision_heads_propose_as_float32_heads_and_decode_exactly():
-  """decode.head_weights='float16': sequential heads 2..k read their packed layer and projection (all V, or the
-  draft vocabulary's R) in half precision. Their logits are the float32 heads' within half-precision rounding (a
-  float32 packed projection gives the unpacked one's bit for bit: the same sums in the same order), the program
-  reads float16 weights, and exact decoding still equals greedy (head 1 verifies in float32)."""
+  """decode.head_weights='float16': heads 2..k (sequential and independent) read their packed layer and projection
+  (all V, or the draft vocabulary's R) in half precision. Their logits are the float32 heads' within
+  half-precision rounding (a float32 packed projection gives the unpacked one's bit for bit where both sum in the
+  same order), the program reads float16 weights, and exact decoding still equals greedy (head 1 verifies in
+  float32)."""
   import dataclasses  # pylint: disable=import-outside-toplevel
   c = model_lib.model_config('tiny', vocab_size=97, k=4, dropout_rate=0.0, head_type='sequential')
   params = model_lib.init_params(c, jax.random.PRNGKey(7))
+  independent = dataclasses.replace(c, head_type='independent')
+  independent_params = model_lib.init_params(independent, jax.random.PRNGKey(9))
   rng = np.random.default_rng(8)
-  hidden = {'hidden_BxTxD': jnp.asarray(rng.standard_normal((3, c.d_model)), jnp.float32),
-            'first_BxT': jnp.asarray(rng.integers(4, 97, 3), jnp.int32)}
-  for draft in ((), tuple(range(1, 97, 3))):
-    model = model_lib.Transformer(dataclasses.replace(c, draft_ids=draft))
+  hidden_BxD = jnp.asarray(rng.standard_normal((3, c.d_model)), jnp.float32)
+  inputs = {'sequential': {'hidden_BxTxD': hidden_BxD, 'first_BxT': jnp.asarray(rng.integers(4, 97, 3), jnp.int32)},
+            'independent': hidden_BxD}
+  for config, p in ((c, params), (independent, independent_params)):
+    for draft in ((), tuple(range(1, 97, 3))):
+      model = model_lib.Transformer(dataclasses.replace(config, draft_ids=draft))
+      hidden = inputs[config.head_type]
 
-    def propose(packed, kernel='skinny'):
-      @jax.jit
-      def run(params, packed):
-        with matmul.use(kernel):
-          return model_lib.decode_fns(model, params, packed=packed).propose(hidden)
-      return np.asarray(run(params, packed)), run.lower(params, packed).as_text()
-    pack = lambda weights: model_lib.packed_weights(params, head_weights=weights, draft_ids=draft)
-    unpacked, _ = propose(None)
-    full, _ = propose(pack('float32'))
-    half, text = propose(pack('float16'))
-    xla, _ = propose(None, kernel='xla')
-    assert np.array_equal(full, unpacked)
-    finite = np.isfinite(xla)
-    assert finite.sum() == 3 * (c.k - 1) * (len(draft) or 97) and np.array_equal(np.isfinite(half), finite)
-    np.testing.assert_allclose(full[finite], xla[finite], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(half[finite], xla[finite], rtol=2e-2, atol=2e-2)
-    assert not np.array_equal(half, full), 'the float16 weights were not read'
-    assert 'f16' in text and f'heads_projection_{len(draft) or 97}' in pack('float16')
+      def propose(packed, kernel='skinny', model=model, p=p, hidden=hidden):
+        @jax.jit
+        def run(params, packed):
+          with matmul.use(kernel):
+            return model_lib.decode_fns(model, params, packed=packed).propose(hidden)
+        return np.asarray(run(p, packed)), run.lower(p, packed).as_text()
+      pack = lambda weights, p=p, draft=draft: model_lib.packed_weights(p, head_weights=weights, draft_ids=draft)
+      unpacked, _ = propose(None)
+      full, _ = propose(pack('float32'))
+      half, text = propose(pack('float16'))
+      xla, _ = propose(None, kernel='xla')
+      if config.head_type == 'sequential':
+        assert np.array_equal(full, unpacked)
+      else:  # unpacked, the independent heads' projection reads the [X, D] rows (lane sums: another order)
+        np.testing.assert_allclose(full, unpacked, rtol=1e-5, atol=1e-5)
+      finite = np.isfinite(xla)
+      assert finite.sum() == 3 * (c.k - 1) * (len(draft) or 97) and np.array_equal(np.isfinite(half), finite)
+      np.testing.assert_allclose(full[finite], xla[finite], rtol=1e-4, atol=1e-4)
+      np.testing.assert_allclose(half[finite], xla[finite], rtol=2e-2, atol=2e-2)
+      assert not np.array_equal(half, full), 'the float16 weights were not read'
+      assert 'f16' in text and f'heads_projection_{len(draft) or 97}' in pack('float16')
 
   src = rng.integers(4, 97, (3, 7)).astype(np.int32)
-  independent = dataclasses.replace(c, head_type='independent')
-  for config, p in ((c, params), (independent, model_lib.init_params(independent, jax.random.PRNGKey(9)))):
+  for config, p in ((c, params), (independent, independent_params)):
     model = model_lib.Transformer(config)
     decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1, head_weights='float16')
     greedy = decoder.greedy(p, src)
