@@ -422,22 +422,11 @@ class Transformer(nn.Module):
     if isinstance(hidden_BxD, dict):  # with config.output_prior_sigma (score)
       hidden_BxD, prior_BxKm1xV = hidden_BxD['hidden_BxTxD'], hidden_BxD['prior_BxTxKm1xV']
     vectors_BxKm1xD = self.multi_output(hidden_BxD)
-    # A skinny-kernel decoder reads the heads' own packed projection (packed_weights: in decode.head_weights, onto
-    # V or the draft vocabulary's R), as the sequential heads do; elsewhere the tied projection.
-    columns = len(self.config.draft_ids) if self.config.draft_ids else self.config.vocab_size
-    packed = layers.packed(self, f'heads_projection_{columns}')
     if not self.config.draft_ids:
-      logits_BxKm1xV = self.logits(vectors_BxKm1xD) if packed is None else matmul.dense(
-          vectors_BxKm1xD, self.embed.embedding.T, preferred_element_type=jnp.float32, packed=packed)
-      logits_BxKm1xV = logits_BxKm1xV if prior_BxKm1xV is None else logits_BxKm1xV + prior_BxKm1xV
+      logits_BxKm1xV = self._heads_logits(vectors_BxKm1xD, prior_Bx___xV=prior_BxKm1xV)
       return logits_BxKm1xV, decoding.argmax(logits_BxKm1xV)
     draft_RxD = self._draft_rows() if draft_RxD is None else draft_RxD
-    if packed is None:
-      logits_BxKm1xR = self._draft_logits(vectors_BxKm1xD, draft_RxD, prior_BxKm1xV)
-    else:
-      logits_BxKm1xR = matmul.dense(vectors_BxKm1xD, draft_RxD.T, preferred_element_type=jnp.float32, packed=packed)
-      if prior_BxKm1xV is not None:
-        logits_BxKm1xR = logits_BxKm1xR + jnp.take(prior_BxKm1xV, np.asarray(self.config.draft_ids), axis=-1)
+    logits_BxKm1xR = self._heads_logits(vectors_BxKm1xD, draft_RxD, prior_BxKm1xV)
     return (spread_draft_logits(logits_BxKm1xR, self.config.draft_ids, self.config.vocab_size),
             _draft_ids(self.config.draft_ids)[decoding.argmax(logits_BxKm1xR)])
 
@@ -445,13 +434,22 @@ class Transformer(nn.Module):
     """The draft vocabulary's rows of the shared embedding [R, D] (`draft_rows`, from inside the module)."""
     return jnp.take(self.embed.embedding, np.asarray(self.config.draft_ids, np.int32), axis=0)
 
-  def _draft_logits(self, vector_Bx___xD, draft_RxD, prior_Bx___xV=None):
-    """The tied projection onto the draft vocabulary alone, [..., R], float32 as `logits`: R rows read, not V. The
-    output prior (images) is read at the draft ids."""
-    logits_Bx___xR = matmul.dense_nt(vector_Bx___xD, draft_RxD)
+  def _heads_logits(self, vector_Bx___xD, draft_RxD=None, prior_Bx___xV=None):
+    """Independent heads' projection, float32 as `logits`: [..., V], or [..., R] onto the draft vocabulary (config.
+    draft_ids; draft_RxD its embedding rows, R rows read, not V). A skinny-kernel decoder reads the heads' own
+    packed projection (packed_weights: in decode.head_weights), as the sequential heads do; elsewhere the tied
+    embedding. The output prior (images) is read at the draft ids."""
+    draft = self.config.draft_ids
+    packed = layers.packed(self, f'heads_projection_{len(draft) if draft else self.config.vocab_size}')
+    if packed is not None:
+      rows_XxD = draft_RxD if draft else self.embed.embedding
+      logits_Bx___xX = matmul.dense(vector_Bx___xD, rows_XxD.T, preferred_element_type=jnp.float32, packed=packed)
+    else:
+      logits_Bx___xX = matmul.dense_nt(vector_Bx___xD, draft_RxD) if draft else self.logits(vector_Bx___xD)
     if prior_Bx___xV is not None:
-      logits_Bx___xR = logits_Bx___xR + jnp.take(prior_Bx___xV, np.asarray(self.config.draft_ids), axis=-1)
-    return logits_Bx___xR
+      logits_Bx___xX = logits_Bx___xX + (jnp.take(prior_Bx___xV, np.asarray(draft), axis=-1) if draft
+                                         else prior_Bx___xV)
+    return logits_Bx___xX
 
   def expand(self, hidden, depth: int, parents_BxW, split=None, draft_RxD=None):
     """Sequential head depth + 1 (depth >= 1, static) at one position per row, fed each of W parent tokens (the
