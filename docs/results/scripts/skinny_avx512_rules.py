@@ -17,8 +17,6 @@ bpd.matmul at it (skinny_row_blocking.py's way).
   python docs/results/scripts/skinny_avx512_rules.py [--rows=1,2,3,4,5,6,8,12,16]
 """
 import argparse
-import ctypes
-import functools
 import pathlib
 import sys
 import tempfile
@@ -27,8 +25,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from bpd.kernels import build
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import skinny_row_blocking  # pylint: disable=wrong-import-position
@@ -46,27 +42,12 @@ def switchable_library(directory: pathlib.Path) -> pathlib.Path:
             'const bool pairs = g_rule == 1 ? (M > 2 && M <= 8) : (M > 2 && M <= kPairsUpTo);'})
 
 
-def program(matmul, steps):
-  def run(x, ws, packs):  # the weights as arguments: closed over, XLA would embed them as constants
-    with matmul.use('skinny'):
-      def body(_, x):
-        acc = 0.0
-        for w, p in zip(ws, packs):
-          acc = acc + matmul.dense(x, w, packed=p)[0, 0]
-        return x + 1e-9 * acc
-      return jax.lax.fori_loop(0, steps, body, x)
-  return jax.jit(run)
-
-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--rows', default='1,2,3,4,5,6,8,12,16')
   rows = [int(m) for m in parser.parse_args().rows.split(',')]
-  library = switchable_library(pathlib.Path(tempfile.mkdtemp(prefix='bpd_avx512_rules_')))
-  build.library_path = lambda: library  # bpd.matmul loads and registers this copy
-  from bpd import matmul  # pylint: disable=import-outside-toplevel
-  switch = ctypes.CDLL(str(library)).bpd_rule
-  print(f'skinny kernel: {matmul.kernel_info()}')
+  matmul, switch = skinny_row_blocking.load(
+      switchable_library(pathlib.Path(tempfile.mkdtemp(prefix='bpd_avx512_rules_'))), 'rule')
   if not matmul.kernel_info().startswith('avx512'):
     sys.exit('the rules switched here are the AVX-512 path\'s; run on an AVX-512 CPU')
   print('µs per product (GB/s of weights); the best rule in bold\n')
@@ -79,7 +60,7 @@ def main():
                                    ('[1024, 2048] x32 (256 MB)', 1024, 2048, 32, 3)):
     ws = [jnp.asarray(rng.standard_normal((k, n)), jnp.float32) for _ in range(count)]
     packs = [jax.jit(matmul.pack)(w) for w in ws]
-    fn = functools.partial(program(matmul, steps), ws=ws, packs=packs)
+    fn = skinny_row_blocking.program(matmul, ws, packs, steps)
     for m in rows:
       x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
       outs = []

@@ -10,7 +10,6 @@ points bpd.matmul at it (skinny_row_blocking.py's way). 20th percentile of 9 alt
   python docs/results/scripts/skinny_pairs.py [--model=WORKDIR [--data=DIR]]
 """
 import argparse
-import ctypes
 import pathlib
 import sys
 import tempfile
@@ -19,8 +18,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from bpd.kernels import build
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import skinny_row_blocking  # pylint: disable=wrong-import-position
@@ -94,11 +91,8 @@ def main():
   parser.add_argument('--model', default='', help='a trained Multi30k workdir (k = 10 sequential heads)')
   parser.add_argument('--data', default='../shared/data/multi30k')
   args = parser.parse_args()
-  library = switchable_library(pathlib.Path(tempfile.mkdtemp(prefix='bpd_pairs_')))
-  build.library_path = lambda: library  # bpd.matmul loads and registers this copy
-  from bpd import matmul  # pylint: disable=import-outside-toplevel
-  switch = ctypes.CDLL(str(library)).bpd_pairs
-  print(f'skinny kernel: {matmul.kernel_info()}')
+  matmul, switch = skinny_row_blocking.load(switchable_library(pathlib.Path(tempfile.mkdtemp(prefix='bpd_pairs_'))),
+                                            'pairs')
   if not matmul.kernel_info().startswith('avx2'):
     sys.exit('the two-row rule is AVX2 only; run on an AVX2 CPU, or with BPD_SKINNY_ISA=avx2')
   matrices(matmul, switch)

@@ -12,6 +12,7 @@ of a jitted loop of 50 products per matrix.
 """
 import argparse
 import ctypes
+import functools
 import pathlib
 import shutil
 import subprocess
@@ -63,27 +64,32 @@ def switchable_library(directory: pathlib.Path) -> pathlib.Path:
                              'const bool wide = (kOnlyWide && g_only_wide) || M <= kWideMr;', 'only_wide', 1)
 
 
-def program(matmul, ws, packs):
-  def run(x):
+def load(library: pathlib.Path, name: str):
+  """(bpd.matmul, the switch bpd_NAME of `library`): bpd.matmul loads and registers `library`, a switchable copy."""
+  build.library_path = lambda: library
+  from bpd import matmul  # pylint: disable=import-outside-toplevel
+  print(f'skinny kernel: {matmul.kernel_info()}')
+  return matmul, getattr(ctypes.CDLL(str(library)), f'bpd_{name}')
+
+
+def program(matmul, ws, packs, steps=STEPS):
+  """fn(x): a jitted loop of `steps` passes, each one product of x with every matrix of ws (read packed)."""
+  def run(x, ws, packs):  # the weights as arguments: closed over, XLA would embed them as constants
     with matmul.use('skinny'):
       def body(_, x):
         acc = 0.0
         for w, p in zip(ws, packs):
           acc = acc + matmul.dense(x, w, packed=p)[0, 0]
         return x + 1e-9 * acc
-      return jax.lax.fori_loop(0, STEPS, body, x)
-  return jax.jit(run)
+      return jax.lax.fori_loop(0, steps, body, x)
+  return functools.partial(jax.jit(run), ws=ws, packs=packs)
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--rows', default='7,8,12,16,24,32,48,64')
   rows = [int(m) for m in parser.parse_args().rows.split(',')]
-  library = switchable_library(pathlib.Path(tempfile.mkdtemp(prefix='bpd_row_blocking_')))
-  build.library_path = lambda: library  # bpd.matmul loads and registers this copy
-  from bpd import matmul  # pylint: disable=import-outside-toplevel
-  switch = ctypes.CDLL(str(library)).bpd_only_wide
-  print(f'skinny kernel: {matmul.kernel_info()}')
+  matmul, switch = load(switchable_library(pathlib.Path(tempfile.mkdtemp(prefix='bpd_row_blocking_'))), 'only_wide')
   if not matmul.kernel_info().startswith('avx2'):
     sys.exit('the switch only changes the AVX2 path (AVX-512 keeps its tall blocks); run on an AVX2 CPU, or with '
              'BPD_SKINNY_ISA=avx2')
