@@ -125,16 +125,24 @@ def _fits(x, w, rows: int) -> bool:
   return (_active.get() == 'skinny' and 0 < rows <= MAX_ROWS and x.dtype == jnp.float32 and w.dtype == jnp.float32)
 
 
-def _skinny(x_BxMxK, w, bias_BwxN, n: int, transpose_w=False, packed=False, w_index=-1):
+def _skinny(x_BxMxK, w, bias_BwxN, n: int, transpose_w=False, packed=False, w_index=-1, scale=None):
   """The kernel on 3-D x: y [B, M, N] = x . w, w [Bw, K, N], [Bw, N, K] (transpose_w) or `pack`'s
-  [Bw, tiles, parts, K, PART] (packed), Bw in {1, B}; with w_index >= 0, w has one more leading axis and its entry w_index is used."""
+  [Bw, tiles, parts, K, PART] (packed), Bw in {1, B}; with w_index >= 0, w has one more leading axis and its entry
+  w_index is used. scale: int8 weights' per-column factors, w's leading axes then N ([(H,) Bw, N])."""
   _library()  # registers the target before anything is compiled with it
   b, m, _ = x_BxMxK.shape
   if bias_BwxN is None:
     bias_BwxN = jnp.zeros((0, n), jnp.float32)
+  if scale is None:
+    scale = jnp.zeros((0, n), jnp.float32)
   call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((b, m, n), jnp.float32), vmap_method='sequential')
-  return call(x_BxMxK, w, bias_BwxN.astype(jnp.float32), transpose_w=int(transpose_w), packed=int(packed),
+  return call(x_BxMxK, w, bias_BwxN.astype(jnp.float32), scale, transpose_w=int(transpose_w), packed=int(packed),
               w_index=int(w_index))
+
+
+def _split(packed):
+  """(weights, scale) of a packed operand: `pack`'s int8 (weights, scale) pair, or (weights, None)."""
+  return packed if isinstance(packed, tuple) else (packed, None)
 
 
 TILE, PART = 64, 32  # columns per packed tile and per contiguous part of it (kTile, kPackCols in the kernel)
@@ -145,18 +153,30 @@ def pack(w_Bx___xKxN, dtype=jnp.float32):
   contiguous, zeros past N. The kernel reads a packed weight front to back; in the [K, N] layout its column tiles are strided rows,
   which DRAM serves at a fraction of the rate once the weights do not fit in cache. Made once per decoder and
   parameters (bpd/decoder.py), never in a decoding loop. dtype float16: the kernel widens each weight to float32
-  as it reads it (half the bytes; products and sums stay float32)."""
+  as it reads it (half the bytes; products and sums stay float32).
+
+  dtype int8: returns (packed int8 weights, scale [..., N] float32), symmetric per column (scale = the column's
+  largest |w| / 127, weights rounded to the nearest multiple of it); the kernel sums x . q in float32 and multiplies
+  each finished sum by its column's scale: a quarter of the bytes, at the price of int8 rounding of the weights."""
+  scale = None
+  if jnp.dtype(dtype) == jnp.int8:
+    w_Bx___xKxN = w_Bx___xKxN.astype(jnp.float32)
+    scale = jnp.max(jnp.abs(w_Bx___xKxN), axis=-2) / 127.0  # [..., N]
+    safe = jnp.where(scale > 0, scale, 1.0)
+    w_Bx___xKxN = jnp.clip(jnp.round(w_Bx___xKxN / safe[..., None, :]), -127, 127)
   w_Bx___xKxN = w_Bx___xKxN.astype(dtype)
   *lead, k, n = w_Bx___xKxN.shape
   tiles = -(-n // TILE)
   padded = jnp.pad(w_Bx___xKxN, [(0, 0)] * len(lead) + [(0, 0), (0, tiles * TILE - n)])
   parts = padded.reshape(*lead, k, tiles, TILE // PART, PART)
-  return jnp.moveaxis(parts, -4, -2)  # [..., tiles, parts, K, PART]
+  packed = jnp.moveaxis(parts, -4, -2)  # [..., tiles, parts, K, PART]
+  return packed if scale is None else (packed, scale)
 
 
 def dense(x_Bx___xK, w_KxN, bias_N=None, preferred_element_type=None, packed=None, packed_index=None):
   """x @ w (+ bias): [..., K] x [K, N] -> [..., N]. packed: `pack(w)` (the kernel reads it instead of w), or with
-  packed_index (a Python int) pack of the [H, K, N] stack whose entry packed_index w is."""
+  packed_index (a Python int) pack of the [H, K, N] stack whose entry packed_index w is; an int8 pack's (weights,
+  scale) pair is read as it lies, the scale's entry picked by the kernel as the weights' is."""
   rows = math.prod(x_Bx___xK.shape[:-1])
   if not _fits(x_Bx___xK, w_KxN, rows):
     y = jnp.matmul(x_Bx___xK, w_KxN, preferred_element_type=preferred_element_type)
@@ -164,12 +184,14 @@ def dense(x_Bx___xK, w_KxN, bias_N=None, preferred_element_type=None, packed=Non
   bias = None if bias_N is None else bias_N[None]
   n = w_KxN.shape[1]
   x = x_Bx___xK.reshape(1, rows, -1)
+  packed, scale = _split(packed)
   if packed is None:
     y = _skinny(x, w_KxN[None], bias, n)
   elif packed_index is None:
-    y = _skinny(x, packed[None], bias, n, packed=True)
+    y = _skinny(x, packed[None], bias, n, packed=True, scale=None if scale is None else scale[None])
   else:
-    y = _skinny(x, packed[:, None], bias, n, packed=True, w_index=packed_index)
+    y = _skinny(x, packed[:, None], bias, n, packed=True, w_index=packed_index,
+                scale=None if scale is None else scale[:, None])
   return y.reshape(x_Bx___xK.shape[:-1] + (n,))
 
 
@@ -182,10 +204,11 @@ def dense_nt(x_Bx___xK, w_NxK, packed=None):
   if not _fits(x_Bx___xK, w_NxK, rows):
     return jnp.einsum('...k,nk->...n', x_Bx___xK.astype(w_NxK.dtype), w_NxK, preferred_element_type=jnp.float32)
   x = x_Bx___xK.reshape(1, rows, -1)
+  packed, scale = _split(packed)
   if packed is None:
     y = _skinny(x, w_NxK[None], None, w_NxK.shape[0], transpose_w=True)
   else:
-    y = _skinny(x, packed[None], None, w_NxK.shape[0], packed=True)
+    y = _skinny(x, packed[None], None, w_NxK.shape[0], packed=True, scale=None if scale is None else scale[None])
   return y.reshape(x_Bx___xK.shape[:-1] + w_NxK.shape[:1])
 
 
@@ -206,7 +229,9 @@ def batched(x_Nx___xK, w_NxKxF, bias_NxF=None, packed=None):
     return y
   f = w_NxKxF.shape[-1]
   x = x_Nx___xK.reshape(n, rows, -1)
-  y = _skinny(x, w_NxKxF, bias_NxF, f) if packed is None else _skinny(x, packed, bias_NxF, f, packed=True)
+  packed, scale = _split(packed)
+  y = (_skinny(x, w_NxKxF, bias_NxF, f) if packed is None
+       else _skinny(x, packed, bias_NxF, f, packed=True, scale=scale))
   return y.reshape(x_Nx___xK.shape[:-1] + (f,))
 
 

@@ -221,8 +221,8 @@ def defaults() -> ml_collections.ConfigDict:
   # 'xla' | 'skinny' (CPU, one device; an error where it cannot be built). Parameters are the same either way.
   c.decode.matmul_kernel = 'auto'
   # The weights of proposal heads 2..k and their projection as the skinny kernel reads them: 'float16' (half the
-  # bytes, products and sums in float32) | 'float32'. Head 1, which verifies, stays float32 either way, so exact
-  # decoding stays greedy's; only proposals can differ, where two of a head's logits are within half rounding.
+  # bytes, products and sums in float32) | 'int8' (a quarter, a float32 scale per column) | 'float32'. Head 1, which
+  # verifies, stays float32 either way, so exact decoding stays greedy's; only proposals can differ.
   # XLA's matmuls read the float32 parameters whatever this says. Not in the paper.
   c.decode.head_weights = 'float16'
   c.decode.timing_repeats = 3  # alternate greedy/blockwise runs this many times; medians give the speedup

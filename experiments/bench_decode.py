@@ -221,7 +221,7 @@ if __name__ == '__main__':
                                    'tokens, as the decode sweep counts them), alternating with greedy and the '
                                    'full-vocabulary heads.')
   _HEAD_WEIGHTS = flags.DEFINE_list('head_weights', [], 'ratio, latency: the dtypes in which the skinny kernel reads '
-                                    'heads 2..k (decode.head_weights: float32, float16), each timed alternating '
+                                    'heads 2..k (decode.head_weights: float32, float16, int8), each timed alternating '
                                     'with the others; empty: the config\'s decode.head_weights alone.')
   _TPU = flags.DEFINE_list('tpu', [], 'ratio, trees: TPU chips (v5e, v4) to estimate each row for, by compiling for '
                            "them with libtpu (pip install -e '.[tpu]'; no TPU needed). Empty: no estimate.")
@@ -661,6 +661,7 @@ def tree_ratios(model, params, k_values, batch_sizes, tree_specs, kernel) -> lis
 
 # -- --mode=profile: per-kernel time of a greedy step and an iteration -------------------------------------------------
 
+HEAD_LABELS = {'float32': '', 'float16': ' f16 heads', 'int8': ' int8 heads'}  # latency rows' names
 DTYPE_BYTES = {'f32': 4, 'bf16': 2, 'f16': 2, 's32': 4, 'u32': 4, 'pred': 1, 's8': 1, 'u8': 1, 's64': 8, 'f64': 8}
 SHAPE = re.compile(r'\b(f32|bf16|f16|s32|u32|pred|s8|u8|s64|f64)\[([0-9,]*)\]')
 
@@ -1132,7 +1133,7 @@ def run_latency(config):
                                                  if kern == kernel and size == 0))
   for kernel, size, w in variants:
     for name, tree in shapes:
-      label = f'{name}{f" R={size}" if size else ""}{" f16 heads" if w == "float16" else ""}'
+      label = f'{name}{f" R={size}" if size else ""}{HEAD_LABELS[w]}'
       programs[f'{label}, {kernel}'] = blockwise(decoders[kernel, size, w], tree)
   # Compile and warm up on every padded source length that is timed (run_batches pads each sentence to its own
   # multiple of 8, decoder.source_buckets), then time with no compile allowed.

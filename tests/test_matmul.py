@@ -24,6 +24,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = ((33, 77), (64, 130), (16, 5), (256, 64))
 
 
+def _int8(w_Bx___xKxN):
+  """matmul.pack(w, int8) and, unpacked in float64, the weights it holds (each column's int8 times its scale)."""
+  packed, scale = matmul.pack(w_Bx___xKxN, jnp.int8)
+  k, n = w_Bx___xKxN.shape[-2:]
+  q = np.moveaxis(np.asarray(packed), -2, -4)  # [..., K, tiles, parts, PART]
+  q = q.reshape(q.shape[:-3] + (-1,))[..., :n].astype(np.float64)
+  assert q.shape[-2] == k and np.abs(q).max() <= 127
+  return (packed, scale), q * np.asarray(scale, np.float64)[..., None, :]
+
+
 def _ops(m, k, n, seed):
   """{name: (fn under use('skinny'), float64 numpy reference)} for every form the model uses, on M = m rows."""
   rng = np.random.default_rng(seed)
@@ -31,7 +41,14 @@ def _ops(m, k, n, seed):
   x, w, b, w_nt = f32(m, k), f32(k, n), f32(n), f32(n, k)
   x_bt, xs, ws, bs = f32(2, m, k), f32(3, m, k), f32(3, k, n), f32(3, n)
   d = lambda a: a.astype(np.float64)
+  (w8, w8_ref), (ws8, ws8_ref) = _int8(w), _int8(ws)
   return {
+      # int8 weights (decode.head_weights='int8'): the reference is the weights the pack holds, summed in float64
+      'dense, int8 packed': (lambda: matmul.dense(x, w, b, packed=w8), d(x) @ w8_ref + d(b)),
+      'dense, one head of an int8 packed stack': (
+          lambda: matmul.dense(x, ws[1], bs[1], packed=ws8, packed_index=1), d(x) @ ws8_ref[1] + d(bs[1])),
+      'batched, int8 packed': (lambda: matmul.batched(xs, ws, bs, packed=ws8),
+                               np.einsum('nmk,nkf->nmf', d(xs), ws8_ref) + d(bs)[:, None]),
       'dense': (lambda: matmul.dense(x, w), d(x) @ d(w)),
       'dense+bias': (lambda: matmul.dense(x, w, b), d(x) @ d(w) + d(b)),
       'dense, packed': (lambda: matmul.dense(x, w, b, packed=matmul.pack(w)), d(x) @ d(w) + d(b)),
@@ -82,11 +99,12 @@ def test_a_row_does_not_depend_on_how_many_rows_come_with_it():
     def run(x):
       with matmul.use('skinny'):
         return (matmul.dense(x, w, b), matmul.dense(x, w, b, packed=matmul.pack(w)), matmul.dense_nt(x, w_nt),
-                matmul.batched(jnp.stack([x, 2 * x]), jnp.stack([w, w])))
+                matmul.batched(jnp.stack([x, 2 * x]), jnp.stack([w, w])),
+                matmul.dense(x, w, b, packed=matmul.pack(w, jnp.int8)))
     full = [np.asarray(y) for y in run(x)]
     for m in (1, 2, 3, 4, 7, 8, 9, 12, 13, 16, 31):
       part = [np.asarray(y) for y in run(x[:m])]
-      for name, y_full, y_part in zip(('dense', 'packed', 'dense_nt', 'batched'), full, part):
+      for name, y_full, y_part in zip(('dense', 'packed', 'dense_nt', 'batched', 'int8'), full, part):
         assert np.array_equal(y_full[..., :m, :], y_part), f'{name}: {k}x{n}, rows 0..{m} differ from M=64'
     assert np.array_equal(full[0], full[1]), 'the packed layout sums in the same order as the plain one'
 
@@ -233,10 +251,14 @@ for k, n in ((33, 77), (256, 130)):
   x = rng.standard_normal((13, k)).astype(np.float32); w = rng.standard_normal((k, n)).astype(np.float32)
   def run(x):
     with matmul.use('skinny'):
-      return matmul.dense(x, w), matmul.dense(x, w, packed=matmul.pack(w)), matmul.dense_nt(x, w.T.copy())
+      return (matmul.dense(x, w), matmul.dense(x, w, packed=matmul.pack(w)), matmul.dense_nt(x, w.T.copy()),
+              matmul.dense(x, w, packed=matmul.pack(w, np.int8)))
   full = [np.asarray(y) for y in jax.jit(run)(x)]
-  for y in full:
+  for y in full[:3]:
     np.testing.assert_allclose(y, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+  q, scale = (np.asarray(a) for a in matmul.pack(w, np.int8))  # the int8 weights as they lie, unpacked
+  q = np.moveaxis(q, -2, -4).reshape(k, -1)[:, :n].astype(np.float64) * scale
+  np.testing.assert_allclose(full[3], x.astype(np.float64) @ q, rtol=1e-4, atol=1e-4)
   for m in (1, 5, 8):
     assert all(np.array_equal(a[:m], np.asarray(b)) for a, b in zip(full, jax.jit(run)(x[:m])))
 print('ok')
@@ -314,12 +336,12 @@ def test_decoder_on_the_kernel_decodes_exactly(tiny_model):
   assert xla.matmul_kernel == 'xla' and xla._packed(params) is None  # pylint: disable=protected-access
 
 
-def test_half_precision_heads_propose_as_float32_heads_and_decode_exactly():
-  """decode.head_weights='float16': heads 2..k (sequential and independent) read their packed layer and projection
-  (all V, or the draft vocabulary's R) in half precision. Their logits are the float32 heads' within
-  half-precision rounding (a float32 packed projection gives the unpacked one's bit for bit where both sum in the
-  same order), the program reads float16 weights, and exact decoding still equals greedy (head 1 verifies in
-  float32)."""
+def test_narrow_heads_propose_as_float32_heads_and_decode_exactly():
+  """decode.head_weights='float16' / 'int8': heads 2..k (sequential and independent) read their packed layer and
+  projection (all V, or the draft vocabulary's R) in half precision, or as int8 with a scale per column. Their logits
+  are the float32 heads' within that rounding (a float32 packed projection gives the unpacked one's bit for bit where
+  both sum in the same order), the program reads the narrow weights, and exact decoding still equals greedy (head 1
+  verifies in float32)."""
   import dataclasses  # pylint: disable=import-outside-toplevel
   c = model_lib.model_config('tiny', vocab_size=97, k=4, dropout_rate=0.0, head_type='sequential')
   params = model_lib.init_params(c, jax.random.PRNGKey(7))
@@ -329,6 +351,9 @@ def test_half_precision_heads_propose_as_float32_heads_and_decode_exactly():
   hidden_BxD = jnp.asarray(rng.standard_normal((3, c.d_model)), jnp.float32)
   inputs = {'sequential': {'hidden_BxTxD': hidden_BxD, 'first_BxT': jnp.asarray(rng.integers(4, 97, 3), jnp.int32)},
             'independent': hidden_BxD}
+  # (dtype, its name in the program's text, how far its logits may stray from the float32 heads'): int8 rounds each
+  # weight to 1/254 of its column's largest, float16 to 2^-11 of itself.
+  narrow = (('float16', 'xf16>', 2e-2), ('int8', 'xi8>', 1e-1))
   for config, p in ((c, params), (independent, independent_params)):
     for draft in ((), tuple(range(1, 97, 3))):
       model = model_lib.Transformer(dataclasses.replace(config, draft_ids=draft))
@@ -343,26 +368,29 @@ def test_half_precision_heads_propose_as_float32_heads_and_decode_exactly():
       pack = lambda weights, p=p, draft=draft: model_lib.packed_weights(p, head_weights=weights, draft_ids=draft)
       unpacked, _ = propose(None)
       full, _ = propose(pack('float32'))
-      half, text = propose(pack('float16'))
       xla, _ = propose(None, kernel='xla')
       if config.head_type == 'sequential':
         assert np.array_equal(full, unpacked)
       else:  # unpacked, the independent heads' projection reads the [X, D] rows (lane sums: another order)
         np.testing.assert_allclose(full, unpacked, rtol=1e-5, atol=1e-5)
       finite = np.isfinite(xla)
-      assert finite.sum() == 3 * (c.k - 1) * (len(draft) or 97) and np.array_equal(np.isfinite(half), finite)
+      assert finite.sum() == 3 * (c.k - 1) * (len(draft) or 97)
       np.testing.assert_allclose(full[finite], xla[finite], rtol=1e-4, atol=1e-4)
-      np.testing.assert_allclose(half[finite], xla[finite], rtol=2e-2, atol=2e-2)
-      assert not np.array_equal(half, full), 'the float16 weights were not read'
-      assert 'f16' in text and f'heads_projection_{len(draft) or 97}' in pack('float16')
+      for weights, name, tolerance in narrow:
+        logits, text = propose(pack(weights))
+        assert np.array_equal(np.isfinite(logits), finite), weights
+        np.testing.assert_allclose(logits[finite], xla[finite], rtol=tolerance, atol=tolerance, err_msg=weights)
+        assert not np.array_equal(logits, full), f'the {weights} weights were not read'
+        assert name in text and f'heads_projection_{len(draft) or 97}' in pack(weights), weights
 
   src = rng.integers(4, 97, (3, 7)).astype(np.int32)
   for config, p in ((c, params), (independent, independent_params)):
     model = model_lib.Transformer(config)
-    decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1, head_weights='float16')
-    greedy = decoder.greedy(p, src)
-    for tree in (decoding.chain(4), trees.parse_tree_spec('dynamic:6', 4, vocab_size=97)):
-      out = decoder.blockwise(p, src, decoding.EXACT, tree)
-      np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL))
+    for weights, _, _ in narrow:
+      decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1, head_weights=weights)
+      greedy = decoder.greedy(p, src)
+      for tree in (decoding.chain(4), trees.parse_tree_spec('dynamic:6', 4, vocab_size=97)):
+        out = decoder.blockwise(p, src, decoding.EXACT, tree)
+        np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL), err_msg=weights)
   with pytest.raises(UserError, match='head_weights'):
     decoder_lib.Decoder(model, max_len=12, head_weights='bfloat16')

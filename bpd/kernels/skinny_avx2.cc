@@ -14,11 +14,15 @@ struct Isa {
   static V load_half(const uint16_t* p) {  // 8 float16 widened
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  static V load_int8(const int8_t* p) {  // 8 int8 widened
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
   static V load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void store(float* p, V v, Mask m) { _mm256_maskstore_ps(p, m, v); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static Mask mask(int lanes) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }

@@ -14,11 +14,15 @@ struct Isa {
   static V load_half(const uint16_t* p) {  // 16 float16 widened
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  static V load_int8(const int8_t* p) {  // 16 int8 widened
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   static V load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static void store(float* p, V v, Mask m) { _mm512_mask_storeu_ps(p, m, v); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static Mask mask(int lanes) { return lanes >= 16 ? Mask(0xFFFF) : Mask((1u << lanes) - 1u); }
   static float sum(V v) {  // one fixed tree: halves, then quarters, then pairs
     const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),

@@ -131,7 +131,7 @@ constexpr int64_t kParallelBytes = 96 * 1024;
 
 void run(const MatmulArgs& a, RunUnits units) {
   const int64_t total = num_units(a);
-  const int64_t bytes = (a.w_shared ? 1 : a.batch) * a.k * a.n * (a.w_half ? int64_t{2} : int64_t{4});
+  const int64_t bytes = (a.w_shared ? 1 : a.batch) * a.k * a.n * (a.w_int8 ? 1 : a.w_half ? 2 : 4);
   if (bytes < kParallelBytes) {
     units(a, 0, total);
     return;
@@ -141,16 +141,18 @@ void run(const MatmulArgs& a, RunUnits units) {
 
 // x [B, M, K]; w [Bw, K, N] (or [..., K, N], the leading axes' product Bw), [Bw, N, K] (transpose_w) or [Bw, tiles, parts, K, kPackCols] (packed), Bw = 1 or B; or
 // with w_index >= 0 one more leading axis, of which only entry w_index is read (a head's weights, not copied);
-// bias [Bw, N] or [0, N] (none); y [B, M, N].
-ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> y,
-                        int64_t transpose_w, int64_t packed, int64_t w_index) {
+// bias [Bw, N] or [0, N] (none); scale (int8 weights only, each column's factor) [Bw, N], with w_index [H, Bw, N]
+// read at entry w_index as w is, or [0, N] (none); y [B, M, N].
+ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias, ffi::AnyBuffer scale,
+                        ffi::Result<ffi::AnyBuffer> y, int64_t transpose_w, int64_t packed, int64_t w_index) {
   static const RunUnits units = pick_isa();
   if (units == nullptr)
     return ffi::Error::InvalidArgument("bpd skinny matmul: this CPU has neither AVX-512 nor AVX2+FMA");
-  const bool w_half = w.element_type() == ffi::F16;
-  if (x.element_type() != ffi::F32 || !(w.element_type() == ffi::F32 || (w_half && packed)) ||
-      bias.element_type() != ffi::F32 || y->element_type() != ffi::F32)
-    return ffi::Error::InvalidArgument("bpd skinny matmul: float32 operands only, but for packed float16 weights");
+  const bool w_half = w.element_type() == ffi::F16, w_int8 = w.element_type() == ffi::S8;
+  if (x.element_type() != ffi::F32 || !(w.element_type() == ffi::F32 || ((w_half || w_int8) && packed)) ||
+      bias.element_type() != ffi::F32 || scale.element_type() != ffi::F32 || y->element_type() != ffi::F32)
+    return ffi::Error::InvalidArgument(
+        "bpd skinny matmul: float32 operands only, but for packed float16 or int8 weights (float32 scale)");
   const auto xd = x.dimensions(), yd = y->dimensions(), bd = bias.dimensions();
   const auto w_dims = w.dimensions();
   const size_t w_rank = (packed ? 5 : 3) + (w_index >= 0 ? 1 : 0);
@@ -170,9 +172,20 @@ ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
     if (w_index >= wd[0]) return ffi::Error::InvalidArgument("bpd skinny matmul: w_index out of range");
     int64_t entry = 1;
     for (size_t i = 1; i < wd.size(); ++i) entry *= wd[i];
-    w_data += w_index * entry * (w_half ? 2 : 4);
+    w_data += w_index * entry * (w_int8 ? 1 : w_half ? 2 : 4);
     wd.erase(wd.begin());
   }
+  // int8 weights come with one scale per column of each weight matrix, the same leading axes as w: [(H,) Bw, N].
+  const auto sd = scale.dimensions();
+  const bool scaled = sd.size() > 0 && sd[0] != 0;
+  const size_t s_rank = w_index >= 0 ? 3 : 2;
+  if (scaled != w_int8 || (scaled && (sd.size() != s_rank || (w_index >= 0 && w_index >= sd[0]) ||
+                                      sd[s_rank - 2] != wd[0] || sd[s_rank - 1] != yd[2])))
+    return ffi::Error::InvalidArgument(
+        "bpd skinny matmul: int8 weights need a float32 scale [(H,) Bw, N] (and only int8 weights take one)");
+  const float* scale_data = !scaled ? nullptr
+                                    : reinterpret_cast<const float*>(scale.untyped_data()) +
+                                          (w_index >= 0 ? w_index * sd[1] * sd[2] : 0);
   MatmulArgs a;
   a.batch = xd[0];
   a.m = xd[1];
@@ -180,6 +193,8 @@ ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
   a.transpose_w = transpose_w != 0;
   a.packed = packed != 0;
   a.w_half = w_half;
+  a.w_int8 = w_int8;
+  a.w_scale = scale_data;
   a.n = yd[2];
   const int64_t wk = a.packed ? wd[3] : a.transpose_w ? wd[2] : wd[1];
   const bool w_n_ok = a.packed ? (wd[1] == num_tiles(a.n) && wd[2] == kTile / kPackCols && wd[4] == kPackCols)
@@ -283,6 +298,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdArgmax, bpd::Argmax,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdSkinnyMatmul, bpd::SkinnyMatmul,
                               ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

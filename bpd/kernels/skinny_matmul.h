@@ -1,5 +1,5 @@
-// Skinny matmul: y[b, M, N] = x[b, M, K] . W[b, K, N] (+ bias[b, N]), float32 (a packed W may be float16), for few
-// rows M.
+// Skinny matmul: y[b, M, N] = x[b, M, K] . W[b, K, N] (+ bias[b, N]), float32 (a packed W may be float16, or int8
+// with a float32 scale per column: y = (x . W) * scale + bias), for few rows M.
 //
 // Why: at batch 1 a decoder call multiplies a handful of rows (1 for greedy, k for a verification) by every weight
 // matrix. The time is that of reading the weights, so a kernel that streams each weight once for all M rows
@@ -26,6 +26,9 @@ struct MatmulArgs {
   bool w_shared;      // w_batch == 1: every batch entry multiplies the same W (and bias)
   bool transpose_w;   // W stored [n, k]: y = x . W^T (the tied vocabulary projection)
   bool w_half;        // packed W in float16 (IEEE half), widened to float32 as it is read: half the bytes
+  bool w_int8;        // packed W in int8, widened to float32 as it is read (a quarter of the bytes), each column's
+                      // finished sum times w_scale[w_batch, n]
+  const float* w_scale;
   bool packed;        // W stored column tile by column tile, each [k, kTile] contiguous, zeros past n (pack_nn):
                       // the kernel then reads W front to back, which DRAM and the prefetchers stream at full rate
 };

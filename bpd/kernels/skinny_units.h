@@ -39,18 +39,20 @@ constexpr int kNtMr = Isa::kW == 16 ? 4 : 2;    // transposed W: rows per block
 constexpr int kNtNr = 4;                         // transposed W: W rows (output columns) per block
 constexpr int kPrefetchRows = 16;                // W rows ahead: a strip row is one to four cache lines
 
-// A vector of weights: float32, or float16 (WT = uint16_t) widened to float32 as it is loaded. Half weights come
-// only packed, whose tiles are zero-padded past N, so their last vector is read whole (no masked load).
+// A vector of weights: float32, or float16 (WT = uint16_t) or int8 widened to float32 as it is loaded. Narrow
+// weights come only packed, whose tiles are zero-padded past N, so their last vector is read whole (no masked load).
 template <typename WT>
 inline typename Isa::V load_w(const WT* p) {
   if constexpr (std::is_same<WT, float>::value) return Isa::load(p);
+  else if constexpr (std::is_same<WT, int8_t>::value) return Isa::load_int8(p);
   else return Isa::load_half(p);
 }
 
-// y[0:MR, 0:cols] = x[0:MR, :] . w[:, 0:cols] (+ bias), cols = NV * kW, or fewer in the last vector (MASKED).
+// y[0:MR, 0:cols] = x[0:MR, :] . w[:, 0:cols] (x scale) (+ bias), cols = NV * kW, or fewer in the last vector
+// (MASKED). scale: int8 weights' per-column factors, applied once to each finished sum.
 template <int MR, int NV, bool MASKED, typename WT>
-void nn_block(const float* x, int64_t ldx, const WT* const* w, int64_t ldw, const float* bias, float* y, int64_t ldy,
-              int64_t K, int last_lanes) {
+void nn_block(const float* x, int64_t ldx, const WT* const* w, int64_t ldw, const float* scale, const float* bias,
+              float* y, int64_t ldy, int64_t K, int last_lanes) {
   const typename Isa::Mask mask = Isa::mask(last_lanes);
   typename Isa::V acc[MR][NV];
   for (int i = 0; i < MR; ++i)
@@ -74,6 +76,8 @@ void nn_block(const float* x, int64_t ldx, const WT* const* w, int64_t ldw, cons
     for (int j = 0; j < NV; ++j) {
       const bool masked = MASKED && j == NV - 1;
       typename Isa::V r = acc[i][j];
+      if (scale != nullptr)
+        r = Isa::mul(r, masked ? Isa::load(scale + j * Isa::kW, mask) : Isa::load(scale + j * Isa::kW));
       if (bias != nullptr)
         r = Isa::add(r, masked ? Isa::load(bias + j * Isa::kW, mask) : Isa::load(bias + j * Isa::kW));
       if (masked) Isa::store(y + i * ldy + j * Isa::kW, r, mask);
@@ -112,7 +116,8 @@ void nt_block(const float* x, int64_t ldx, const float* w, int64_t ldw, const fl
 }
 
 template <typename WT>
-using NnFn = void (*)(const float*, int64_t, const WT* const*, int64_t, const float*, float*, int64_t, int64_t, int);
+using NnFn = void (*)(const float*, int64_t, const WT* const*, int64_t, const float*, const float*, float*, int64_t,
+                      int64_t, int);
 using NtFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
 
 template <int MR, int NV, typename WT>
@@ -179,10 +184,11 @@ NtFn nt_fn(int mr, int nr) {
   }
 }
 
-// Columns [n0, n0 + nw) of one batch entry, every row. WT: the weights' type (float16 weights are packed).
+// Columns [n0, n0 + nw) of one batch entry, every row. WT: the weights' type (float16 and int8 weights are
+// packed; int8 with this entry's per-column scale).
 template <typename WT>
-void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* bias, float* y, int64_t n0,
-              int64_t nw) {
+void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* scale, const float* bias, float* y,
+              int64_t n0, int64_t nw) {
   const int64_t M = a.m, K = a.k, N = a.n;
   if (!a.transpose_w || !std::is_same<WT, float>::value) {
     // This tile's W: columns n0.. of the [K, N] matrix (row stride N), or its own contiguous block, as
@@ -206,6 +212,7 @@ void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* bia
         const WT* starts[kTile / Isa::kW];
         for (int j = 0; j < nv; ++j) starts[j] = column(s0 + j * Isa::kW);
         nn_fn<WT>(static_cast<int>(m1 - m0), nv, masked)(x + m0 * K, K, starts, ldw,
+                                                     scale == nullptr ? nullptr : scale + n0 + s0,
                                                      bias == nullptr ? nullptr : bias + n0 + s0, y + m0 * N + n0 + s0,
                                                      N, K, last);
       }
@@ -231,12 +238,15 @@ void BPD_RUN_UNITS(const MatmulArgs& a, int64_t begin, int64_t end) {
     const int64_t b = u / tiles, n0 = (u % tiles) * kTile;
     const int64_t wb = a.w_shared ? 0 : b;
     const float* bias = a.bias == nullptr ? nullptr : a.bias + wb * a.n;
-    if (a.w_half)
-      run_tile(a, a.x + b * a.m * a.k, static_cast<const uint16_t*>(a.w) + wb * w_stride, bias, a.y + b * a.m * a.n,
-               n0, std::min(kTile, a.n - n0));
+    const float* x = a.x + b * a.m * a.k;
+    float* y = a.y + b * a.m * a.n;
+    const int64_t nw = std::min(kTile, a.n - n0);
+    if (a.w_int8)
+      run_tile(a, x, static_cast<const int8_t*>(a.w) + wb * w_stride, a.w_scale + wb * a.n, bias, y, n0, nw);
+    else if (a.w_half)
+      run_tile(a, x, static_cast<const uint16_t*>(a.w) + wb * w_stride, nullptr, bias, y, n0, nw);
     else
-      run_tile(a, a.x + b * a.m * a.k, static_cast<const float*>(a.w) + wb * w_stride, bias, a.y + b * a.m * a.n,
-               n0, std::min(kTile, a.n - n0));
+      run_tile(a, x, static_cast<const float*>(a.w) + wb * w_stride, nullptr, bias, y, n0, nw);
   }
 }
 
