@@ -250,6 +250,11 @@ if __name__ == '__main__':
                           'sentence (default: the Multi30k Both model at k = 4, docs/results/benchmark.md) for the '
                           'share and speedup columns.')
   _MESH = flags.DEFINE_bool('mesh', True, 'fixed_cost: decode on a one-device mesh, as the decode sweep does.')
+  _ALTERNATE = flags.DEFINE_enum(
+      'alternate', 'sentence', ['sentence', 'pass'], 'latency: what alternates between the decoders. sentence: every '
+      'decoder in turn on each sentence (each then finds the caches holding the others\' weights); pass: each decoder '
+      'over all the sentences in a row, as a decode of a test set runs (its weights stay warm from one sentence to '
+      'the next), decoders in turn pass by pass.')
   _TRACE = flags.DEFINE_bool('trace', False, 'fixed_cost: also print the profiler timeline of whole calls.')
   _SPLIT = flags.DEFINE_string('split', None, "latency, trees: the split (latency's empty default: the config's first "
                                'decode split). ' + _defaults('split'))
@@ -1083,8 +1088,8 @@ def run_fixed_cost(config):
 
 def run_latency(config):
   """Every decoder of a trained model, each sentence alone at batch 1, on XLA's matmuls and on the skinny kernel,
-  all alternating sentence by sentence: greedy on each setting, and blockwise (the chain of --k, and each of
-  --trees at k' = --k) on each. The speedups are against greedy on the same setting and against the faster
+  all alternating sentence by sentence (--alternate=pass: pass by pass): greedy on each setting, and blockwise (the
+  chain of --k, and each of --trees at k' = --k) on each. The speedups are against greedy on the same setting and against the faster
   greedy, so that no speedup comes from slowing greedy down."""
   workdir = _WORKDIR.value
   task = tasks.for_config(config)
@@ -1141,20 +1146,22 @@ def run_latency(config):
     for fn in programs.values():
       fn(src)
   rows = {name: [] for name in programs}
-  same = {name: 0 for name in programs}
+  tokens_of = {}  # (decoder, sentence) -> its tokens (the same every pass)
+  by_sentence = _ALTERNATE.value == 'sentence'
+  order = ([(i, name) for i in range(len(batches)) for name in programs] if by_sentence
+           else [(i, name) for name in programs for i in range(len(batches))])
   with timing.no_compiles('bench_decode --mode=latency'):
     for _ in range(_REPEATS.value):
-      for src in batches:
-        reference = {}
-        for name, fn in programs.items():
-          start = time.perf_counter()
-          steps, tokens = fn(src)
-          rows[name].append((steps, time.perf_counter() - start))
-          kernel = name.rsplit(', ', 1)[1]
-          reference.setdefault(kernel, tokens)  # greedy on the same setting comes first
-          same[name] += int(np.array_equal(tokens, reference[kernel]))
+      for i, name in order:
+        start = time.perf_counter()
+        steps, tokens_of[name, i] = programs[name](batches[i])
+        rows[name].append((steps, time.perf_counter() - start))
+  # Each row against greedy on the same matmuls (the first program of its kernel).
+  same = {name: sum(int(np.array_equal(tokens_of[name, i], tokens_of[f'greedy, {name.rsplit(", ", 1)[1]}', i]))
+                    for i in range(len(batches))) * _REPEATS.value for name in programs}
   print(f'{len(batches)} sentences x {_REPEATS.value} passes, batch 1, k = {_K.value}, {_CRITERION.value}; '
-        f'matmuls: {", ".join(kernels)} ({matmul.kernel_info()}); alternating sentence by sentence')
+        f'matmuls: {", ".join(kernels)} ({matmul.kernel_info()}); alternating '
+        + ('sentence by sentence' if by_sentence else 'pass by pass (each decoder over all sentences in a row)'))
   seconds_of = {name: np.array([t for _, t in column]) for name, column in rows.items()}
   fastest_greedy = min(seconds_of[f'greedy, {kernel}'].sum() for kernel in kernels)
   table = []
