@@ -1086,6 +1086,16 @@ def run_fixed_cost(config):
 # -- --mode=latency: a trained model's time per sentence as fixed + per-step cost --------------------------------------
 
 
+def latency_order(names: list, sentences: int, alternate: str) -> list:
+  """One pass of --mode=latency: (sentence index, decoder name) in the order they run. 'sentence': every decoder
+  in turn on sentence 0, then on sentence 1, ...; 'pass': the first decoder over every sentence, then the next."""
+  if alternate == 'sentence':
+    return [(i, name) for i in range(sentences) for name in names]
+  if alternate == 'pass':
+    return [(i, name) for name in names for i in range(sentences)]
+  raise ValueError(f'alternate={alternate!r}: sentence or pass')
+
+
 def run_latency(config):
   """Every decoder of a trained model, each sentence alone at batch 1, on XLA's matmuls and on the skinny kernel,
   all alternating sentence by sentence (--alternate=pass: pass by pass): greedy on each setting, and blockwise (the
@@ -1148,8 +1158,7 @@ def run_latency(config):
   rows = {name: [] for name in programs}
   tokens_of = {}  # (decoder, sentence) -> its tokens (the same every pass)
   by_sentence = _ALTERNATE.value == 'sentence'
-  order = ([(i, name) for i in range(len(batches)) for name in programs] if by_sentence
-           else [(i, name) for name in programs for i in range(len(batches))])
+  order = latency_order(list(programs), len(batches), _ALTERNATE.value)
   with timing.no_compiles('bench_decode --mode=latency'):
     for _ in range(_REPEATS.value):
       for i, name in order:

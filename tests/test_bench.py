@@ -1,6 +1,7 @@
 """experiments/bench_decode.py: the FLOP count from the shapes agrees with XLA's cost analysis (no timed asserts)."""
 
 import jax
+import pytest
 
 from bpd import model as model_lib
 from experiments import bench_decode
@@ -38,3 +39,16 @@ def test_draft_vocabulary_rows_are_timed_beside_the_full_heads_and_counted():
   assert 0.8 < draft['block_flops_xla'] / draft['block_flops_count'] < 1.25, draft
   assert draft['block_flops_count'] < full['block_flops_count']
   assert '| 3 | 1 | 30 |' in bench_decode.format_table(records)
+
+
+def test_latency_alternates_sentence_by_sentence_or_pass_by_pass():
+  """--mode=latency's order: every decoder on each sentence in turn, or each decoder over every sentence in a row
+  (a test set's decode: its weights stay warm); both run every (sentence, decoder) exactly once per pass."""
+  names = ['greedy, skinny', 'chain, skinny', 'chain, xla']
+  by_sentence = bench_decode.latency_order(names, 3, 'sentence')
+  by_pass = bench_decode.latency_order(names, 3, 'pass')
+  assert by_sentence[:3] == [(0, name) for name in names] and by_sentence[3] == (1, names[0])
+  assert by_pass[:3] == [(i, names[0]) for i in range(3)] and by_pass[3] == (0, names[1])
+  assert sorted(by_sentence) == sorted(by_pass) and len(set(by_pass)) == 9
+  with pytest.raises(ValueError, match='alternate'):
+    bench_decode.latency_order(names, 3, 'decoder')
