@@ -384,13 +384,14 @@ def test_narrow_heads_propose_as_float32_heads_and_decode_exactly():
         assert name in text and f'heads_projection_{len(draft) or 97}' in pack(weights), weights
 
   src = rng.integers(4, 97, (3, 7)).astype(np.int32)
-  for config, p in ((c, params), (independent, independent_params)):
+  # Decoding with each head type in float16, and with int8 sequential heads (the head type the Multi30k records use);
+  # the int8 independent heads' logits are checked above.
+  for config, p, weights in ((c, params, 'float16'), (independent, independent_params, 'float16'), (c, params, 'int8')):
     model = model_lib.Transformer(config)
-    for weights, _, _ in narrow:
-      decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1, head_weights=weights)
-      greedy = decoder.greedy(p, src)
-      for tree in (decoding.chain(4), trees.parse_tree_spec('dynamic:6', 4, vocab_size=97)):
-        out = decoder.blockwise(p, src, decoding.EXACT, tree)
-        np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL), err_msg=weights)
+    decoder = decoder_lib.Decoder(model, max_len=12, matmul_kernel='skinny', eos_id=-1, head_weights=weights)
+    greedy = decoder.greedy(p, src)
+    for tree in (decoding.chain(4), trees.parse_tree_spec('dynamic:6', 4, vocab_size=97)):
+      out = decoder.blockwise(p, src, decoding.EXACT, tree)
+      np.testing.assert_array_equal(np.asarray(out.tokens_BxL), np.asarray(greedy.tokens_BxL), err_msg=weights)
   with pytest.raises(UserError, match='head_weights'):
     decoder_lib.Decoder(model, max_len=12, head_weights='bfloat16')
