@@ -666,7 +666,6 @@ def tree_ratios(model, params, k_values, batch_sizes, tree_specs, kernel) -> lis
 
 # -- --mode=profile: per-kernel time of a greedy step and an iteration -------------------------------------------------
 
-HEAD_LABELS = {'float32': '', 'float16': ' f16 heads', 'int8': ' int8 heads'}  # latency rows' names
 DTYPE_BYTES = {'f32': 4, 'bf16': 2, 'f16': 2, 's32': 4, 'u32': 4, 'pred': 1, 's8': 1, 'u8': 1, 's64': 8, 'f64': 8}
 SHAPE = re.compile(r'\b(f32|bf16|f16|s32|u32|pred|s8|u8|s64|f64)\[([0-9,]*)\]')
 
@@ -1086,6 +1085,9 @@ def run_fixed_cost(config):
 # -- --mode=latency: a trained model's time per sentence as fixed + per-step cost --------------------------------------
 
 
+HEAD_LABELS = {'float32': '', 'float16': ' f16 heads', 'int8': ' int8 heads'}  # latency rows' names
+
+
 def latency_order(names: list, sentences: int, alternate: str) -> list:
   """One pass of --mode=latency: (sentence index, decoder name) in the order they run. 'sentence': every decoder
   in turn on sentence 0, then on sentence 1, ...; 'pass': the first decoder over every sentence, then the next."""
@@ -1099,8 +1101,8 @@ def latency_order(names: list, sentences: int, alternate: str) -> list:
 def run_latency(config):
   """Every decoder of a trained model, each sentence alone at batch 1, on XLA's matmuls and on the skinny kernel,
   all alternating sentence by sentence (--alternate=pass: pass by pass): greedy on each setting, and blockwise (the
-  chain of --k, and each of --trees at k' = --k) on each. The speedups are against greedy on the same setting and against the faster
-  greedy, so that no speedup comes from slowing greedy down."""
+  chain of --k, and each of --trees at k' = --k) on each. The speedups are against greedy on the same setting and
+  against the faster greedy, so that no speedup comes from slowing greedy down."""
   workdir = _WORKDIR.value
   task = tasks.for_config(config)
   criterion = decoding.parse_criterion(_CRITERION.value)
@@ -1165,9 +1167,9 @@ def run_latency(config):
         start = time.perf_counter()
         steps, tokens_of[name, i] = programs[name](batches[i])
         rows[name].append((steps, time.perf_counter() - start))
-  # Each row against greedy on the same matmuls (the first program of its kernel).
-  same = {name: sum(int(np.array_equal(tokens_of[name, i], tokens_of[f'greedy, {name.rsplit(", ", 1)[1]}', i]))
-                    for i in range(len(batches))) * _REPEATS.value for name in programs}
+  # The share of sentences each decoder decodes as greedy on the same matmuls does.
+  identical = {name: np.mean([np.array_equal(tokens_of[name, i], tokens_of[f'greedy, {name.rsplit(", ", 1)[1]}', i])
+                              for i in range(len(batches))]) for name in programs}
   print(f'{len(batches)} sentences x {_REPEATS.value} passes, batch 1, k = {_K.value}, {_CRITERION.value}; '
         f'matmuls: {", ".join(kernels)} ({matmul.kernel_info()}); alternating '
         + ('sentence by sentence' if by_sentence else 'pass by pass (each decoder over all sentences in a row)'))
@@ -1182,7 +1184,7 @@ def run_latency(config):
                   'step_ms': per_step * 1e3, 'fixed_share': fixed / seconds.mean(),
                   'speedup_same': seconds_of[f'greedy, {kernel}'].sum() / seconds.sum(),
                   'speedup_fastest': fastest_greedy / seconds.sum(),
-                  'identical': same[name] / len(column)})
+                  'identical': identical[name]})
   print(report.markdown_table(table, [
       ('decoder', 'decoder, matmuls', '{}'), ('ms', 'ms per sentence', '{:.2f}'),
       ('steps', 'steps per sentence', '{:.2f}'), ('fixed_ms', 'fixed ms per sentence', '{:.3f}'),
