@@ -245,6 +245,7 @@ def test_avx2_path_matches_numpy_and_is_independent_of_m():
   code = '''
 import numpy as np, jax
 from bpd import matmul
+from tests.test_matmul import _int8
 assert matmul.kernel_info().startswith('avx2'), matmul.kernel_info()
 rng = np.random.default_rng(0)
 for k, n in ((33, 77), (256, 130)):
@@ -252,13 +253,12 @@ for k, n in ((33, 77), (256, 130)):
   def run(x):
     with matmul.use('skinny'):
       return (matmul.dense(x, w), matmul.dense(x, w, packed=matmul.pack(w)), matmul.dense_nt(x, w.T.copy()),
-              matmul.dense(x, w, packed=matmul.pack(w, np.int8)))
+              matmul.dense(x, w, packed=w8))
+  w8, w8_ref = _int8(w)  # the int8 weights as they lie, unpacked
   full = [np.asarray(y) for y in jax.jit(run)(x)]
   for y in full[:3]:
     np.testing.assert_allclose(y, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
-  q, scale = (np.asarray(a) for a in matmul.pack(w, np.int8))  # the int8 weights as they lie, unpacked
-  q = np.moveaxis(q, -2, -4).reshape(k, -1)[:, :n].astype(np.float64) * scale
-  np.testing.assert_allclose(full[3], x.astype(np.float64) @ q, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(full[3], x.astype(np.float64) @ w8_ref, rtol=1e-4, atol=1e-4)
   for m in (1, 5, 8):
     assert all(np.array_equal(a[:m], np.asarray(b)) for a, b in zip(full, jax.jit(run)(x[:m])))
 print('ok')
