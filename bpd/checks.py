@@ -143,6 +143,15 @@ def check_head_weights(config) -> str:
   return head_weights
 
 
+def check_fused_heads(config) -> bool:
+  """config.decode.fused_heads, checked: whether a skinny-kernel decoder runs sequential heads 2..k' in one call."""
+  fused = config.decode.get('fused_heads', True)
+  if not isinstance(fused, bool):
+    raise UserError(f'config.decode.fused_heads={fused!r}: set True (sequential heads in one library call on the '
+                    'skinny kernel) or False (one kernel call per product, as XLA\'s path runs them).')
+  return fused
+
+
 def check_decode(config, workdir: str, model_config) -> list:
   """The blockwise settings of the sweep, one list of decoder.Setting: every k' of config.decode.ks with every
   criterion (chains), then every tree of config.decode.trees with every criterion. UserError for a bad criterion,

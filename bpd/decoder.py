@@ -85,23 +85,25 @@ class Decoder:
   """
 
   def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None, eos_id: int = tokenizer_lib.EOS_ID,
-               matmul_kernel: str = 'auto', head_weights: str = 'float16'):
+               matmul_kernel: str = 'auto', head_weights: str = 'float16', fused_heads: bool = True):
     # eos_id=-1 (images) never matches a token: decoding always runs for max_len tokens.
     self.model, self.max_len, self.mesh, self.eos_id = model, max_len, mesh, eos_id
     # 'xla' or 'skinny' (bpd/matmul.py): every program of this decoder is traced with it, so each jitted method
     # below compiles under one setting.
     self.matmul_kernel = matmul.resolve(matmul_kernel, mesh)
+    # fused_heads (config.decode.fused_heads; skinny only): sequential heads 2..k' in one library call per iteration.
+    traced = functools.partial(matmul.traced, kernel=self.matmul_kernel, fused_heads=fused_heads)
     if head_weights not in model_lib.HEAD_WEIGHTS:
       raise UserError(f'head_weights={head_weights!r}: choose float32 or float16 (config.decode.head_weights).')
     out = None if mesh is None else sharding.replicated(mesh)
-    self._greedy_jit = jax.jit(matmul.traced(self._greedy, self.matmul_kernel), out_shardings=out)
+    self._greedy_jit = jax.jit(traced(self._greedy), out_shardings=out)
     # The rule is an argument (a pytree: a Criterion has no leaves, Sampling's temperature is traced); its static
     # fields and the tree are part of what is compiled.
-    self._blockwise_jit = jax.jit(matmul.traced(self._blockwise, self.matmul_kernel),
+    self._blockwise_jit = jax.jit(traced(self._blockwise),
                                   static_argnames=('tree', 'drafter'), out_shardings=out)
-    self._beam_jit = jax.jit(matmul.traced(self._beam, self.matmul_kernel), static_argnames=('beam_size', 'alpha'),
+    self._beam_jit = jax.jit(traced(self._beam), static_argnames=('beam_size', 'alpha'),
                              out_shardings=out)
-    self._sample_jit = jax.jit(matmul.traced(self._sample, self.matmul_kernel), static_argnames=('top_k', 'top_p'),
+    self._sample_jit = jax.jit(traced(self._sample), static_argnames=('top_k', 'top_p'),
                                out_shardings=out)
     self._first_heads_jit = jax.jit(lambda params, k: model_lib.first_heads(self.model, params, k)[1],
                                     static_argnames='k')

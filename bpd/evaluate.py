@@ -210,7 +210,8 @@ def load_for_decoding(config, workdir: str, task, mesh=None):
                                          lambda: task.target_counts(config, tokenizer))
   decoder = decoder_lib.Decoder(model_lib.Transformer(model_config), config.decode.max_len, mesh,
                                 eos_id=task.eos_id, matmul_kernel=checks.check_matmul_kernel(config),
-                                head_weights=checks.check_head_weights(config))
+                                head_weights=checks.check_head_weights(config),
+                                fused_heads=checks.check_fused_heads(config))
   return model_config, params, step, tokenizer, decoder
 
 
@@ -219,6 +220,7 @@ def decode_sweep(config, workdir: str) -> list[dict]:
   precision = checks.check_matmul_precision(config)
   checks.check_matmul_kernel(config)
   checks.check_head_weights(config)
+  checks.check_fused_heads(config)
   # '' -> None: the backend's default. On GPUs and TPUs the default float32 matmul may round through TF32 /
   # bfloat16 passes; results then depend on the shapes of the call (batch size, tokens per call) by more than
   # float32 rounding, argmax near-ties flip, and `exact` rows stop matching greedy (docs/results/gpu.md).

@@ -588,3 +588,16 @@ class MultiOutput(nn.Module):
                            **pick('token_kernel'))
     h = nn.relu(matmul.dense(x, w['wi_kernel'].astype(self.dtype), w['wi_bias'], **pick('wi_kernel')))
     return self.ln(matmul.dense(h, w['wo_kernel'].astype(self.dtype), w['wo_bias'], **pick('wo_kernel')) + x)
+
+  def fused_chain(self, hidden_BxD, first_B, embedding_VxD, draft_ids, projection, heads: int, embed_scale: float):
+    """Sequential heads 2..heads + 1 in one library call (matmul.sequential_heads): (logits [B, heads, X], tokens
+    [B, heads]), each head fed the token the one before chose, head 2 first_B; `one_head`'s products on this
+    layer's packed weights, then the projection `projection` (a pack of [D, X]). None where the library does not
+    run them: outside a skinny-kernel decoder, or without packed weights (then the caller runs `one_head`)."""
+    stacks = [packed(self, name) for name in ('token_kernel', 'wi_kernel', 'wo_kernel')]
+    if not self.sequential or projection is None or any(stack is None for stack in stacks):
+      return None
+    ln = self.ln.variables['params']
+    return matmul.sequential_heads(hidden_BxD.astype(self.dtype), first_B, embedding_VxD, draft_ids, stacks[0],
+                                   stacks[1], self.wi_bias, stacks[2], self.wo_bias, ln['scale'], ln['bias'],
+                                   projection, heads, embed_scale, self.ln.epsilon)

@@ -23,6 +23,7 @@ import functools
 import math
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 from absl import logging
 
@@ -33,8 +34,10 @@ MAX_ROWS = 64  # rows (M) the kernel takes; more go to XLA: its weight strips ar
 _TARGET = 'bpd_skinny_matmul'
 _ARGMAX = 'bpd_argmax'
 _TAKE_ROWS = 'bpd_take_rows'
+_SEQUENTIAL_HEADS = 'bpd_sequential_heads'
 
 _active = contextvars.ContextVar('bpd_matmul_kernel', default='xla')
+_fused_heads = contextvars.ContextVar('bpd_fused_heads', default=True)
 
 
 @functools.cache
@@ -49,6 +52,7 @@ def _library():
   jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.BpdSkinnyMatmul), platform='cpu')
   jax.ffi.register_ffi_target(_ARGMAX, jax.ffi.pycapsule(lib.BpdArgmax), platform='cpu')
   jax.ffi.register_ffi_target(_TAKE_ROWS, jax.ffi.pycapsule(lib.BpdTakeRows), platform='cpu')
+  jax.ffi.register_ffi_target(_SEQUENTIAL_HEADS, jax.ffi.pycapsule(lib.BpdSequentialHeads), platform='cpu')
   return isa, lib.bpd_skinny_threads()
 
 
@@ -95,16 +99,19 @@ def _warn_once(message):
 
 
 @contextlib.contextmanager
-def use(kernel: str):
+def use(kernel: str, fused_heads: bool = True):
   """Trace the model's matmuls with `kernel` ('xla' or 'skinny', from `resolve`). Enter it inside the function
-  that jax.jit traces, so that each compiled program is traced under its own setting."""
+  that jax.jit traces, so that each compiled program is traced under its own setting. fused_heads (skinny only,
+  config.decode.fused_heads): sequential heads run in one library call (`sequential_heads`) rather than one
+  kernel call per product."""
   if kernel not in ('xla', 'skinny'):
     raise ValueError(f'use({kernel!r}): pass resolve(...)\'s result, xla or skinny')
-  token = _active.set(kernel)
+  token, fused = _active.set(kernel), _fused_heads.set(bool(fused_heads))
   try:
     yield
   finally:
     _active.reset(token)
+    _fused_heads.reset(fused)
 
 
 def active() -> str:
@@ -112,11 +119,12 @@ def active() -> str:
   return _active.get()
 
 
-def traced(fn, kernel: str):
-  """fn, traced under use(kernel): wrap a function before jax.jit, so that its program is compiled with kernel."""
+def traced(fn, kernel: str, fused_heads: bool = True):
+  """fn, traced under use(kernel, fused_heads): wrap a function before jax.jit, so that its program is compiled
+  with that setting."""
   @functools.wraps(fn)
   def with_kernel(*args, **kwargs):
-    with use(kernel):
+    with use(kernel, fused_heads):
       return fn(*args, **kwargs)
   return with_kernel
 
@@ -261,3 +269,29 @@ def take_rows(table_VxD, ids_Bx___):
   call = jax.ffi.ffi_call(_TAKE_ROWS, jax.ShapeDtypeStruct((rows, table_VxD.shape[1]), jnp.float32),
                           vmap_method='sequential')
   return call(table_VxD, ids_Bx___.reshape(rows).astype(jnp.int32)).reshape(ids_Bx___.shape + table_VxD.shape[1:])
+
+
+def sequential_heads(hidden_BxD, first_B, embedding_VxD, draft_ids, token, wi, wi_bias_HxF, wo, wo_bias_HxD,
+                     ln_scale_D, ln_bias_D, projection, heads: int, embed_scale: float, epsilon: float):
+  """Sequential proposal heads 2..heads + 1 in one library call, inside use('skinny'): (logits [B, heads, X] float32,
+  tokens [B, heads] int32), X = len(draft_ids) (their ids ascending) or V; None elsewhere, or under
+  use(..., fused_heads=False) (the caller runs them one product at a time). Head n + 2 is fed head n + 1's choice, head 2 first_B (bpd/model.py,
+  Transformer._propose_sequential, computes the same with the same products; only the layer norm may round a
+  last bit differently, and heads 2..k only propose). token, wi, wo: `pack`s of the multi-output layer's [H, K, N]
+  stacks (H >= heads); projection: `pack` of the [D, X] projection; an int8 pack is its (weights, scale) pair."""
+  if (_active.get() != 'skinny' or not _fused_heads.get() or hidden_BxD.dtype != jnp.float32
+      or embedding_VxD.dtype != jnp.float32):
+    return None
+  _library()
+  b, d = hidden_BxD.shape
+  columns = len(draft_ids) if draft_ids else embedding_VxD.shape[0]
+  def operand(pack_, n):
+    weights, scale = _split(pack_)
+    return weights, jnp.zeros((0, n), jnp.float32) if scale is None else scale
+  call = jax.ffi.ffi_call(_SEQUENTIAL_HEADS, (jax.ShapeDtypeStruct((b, heads, columns), jnp.float32),
+                                              jax.ShapeDtypeStruct((b, heads), jnp.int32)), vmap_method='sequential')
+  f = wi_bias_HxF.shape[-1]
+  return call(hidden_BxD, first_B.astype(jnp.int32), embedding_VxD, jnp.asarray(list(draft_ids or ()), jnp.int32),
+              *operand(token, d), *operand(wi, f), wi_bias_HxF.astype(jnp.float32), *operand(wo, d),
+              wo_bias_HxD.astype(jnp.float32), ln_scale_D.astype(jnp.float32), ln_bias_D.astype(jnp.float32),
+              *operand(projection, columns), embed_scale=np.float32(embed_scale), epsilon=np.float32(epsilon))

@@ -507,6 +507,16 @@ class Transformer(nn.Module):
     hidden_BxD, token_B = hidden['hidden_BxTxD'], hidden['first_BxT']
     prior_BxKm1xV = hidden.get('prior_BxTxKm1xV')
     draft = self.config.draft_ids
+    if prior_BxKm1xV is None:  # a skinny-kernel decoder runs the k' - 1 heads in one library call
+      columns = len(draft) if draft else self.config.vocab_size
+      fused = self.multi_output.fused_chain(
+          hidden_BxD, token_B, self.embed.embedding, draft, layers.packed(self, f'heads_projection_{columns}'),
+          heads - 1, float(np.sqrt(np.float32(self.config.d_model))))
+      if fused is not None:
+        logits_BxKm1xX, tokens_BxKm1 = fused
+        if draft:
+          return spread_draft_logits(logits_BxKm1xX, draft, self.config.vocab_size), tokens_BxKm1
+        return logits_BxKm1xX, tokens_BxKm1
     logits, tokens = [], []
     for n in range(heads - 1):
       prior_BxV = None if prior_BxKm1xV is None else prior_BxKm1xV[:, n]

@@ -362,7 +362,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   decoder = decoder_lib.Decoder(model, max_len=task.training_decode_len(config), mesh=mesh, eos_id=task.eos_id,
                                 matmul_kernel=checks.check_matmul_kernel(config),
-                                head_weights=checks.check_head_weights(config))
+                                head_weights=checks.check_head_weights(config),
+                                fused_heads=checks.check_fused_heads(config))
   batch_for_step, eval_batches, quick_eval = training_data(config, task, tokenizer, decoder)
 
   mngr = checkpoint.manager(workdir, tc.keep_checkpoints)

@@ -225,6 +225,10 @@ def defaults() -> ml_collections.ConfigDict:
   # verifies, stays float32 either way, so exact decoding stays greedy's; only proposals can differ.
   # XLA's matmuls read the float32 parameters whatever this says. Not in the paper.
   c.decode.head_weights = 'float16'
+  # Sequential heads 2..k' on the skinny kernel: True runs them in one library call per iteration (the same
+  # products; its layer norm may round a last bit differently from XLA's, proposals only) | False: one kernel
+  # call per product, with XLA's fusions between them.
+  c.decode.fused_heads = True
   c.decode.timing_repeats = 3  # alternate greedy/blockwise runs this many times; medians give the speedup
   c.decode.temperature = 0.0  # > 0 also decodes by sampling at this temperature (a row of its own; 'speculative')
   c.decode.seed = 0  # the sampled row's random seed (same seed and batch size: same samples)

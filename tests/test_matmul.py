@@ -2,6 +2,7 @@
 inside jit and lax.while_loop, the packed layout, the library's argmax, the settings and their errors, and the
 model's decoding on it (a k-token verification computes the greedy steps' logits bit for bit)."""
 
+import functools
 import os
 import re
 import subprocess
@@ -90,7 +91,7 @@ def test_a_row_does_not_depend_on_how_many_rows_come_with_it():
   """Each row is summed in one order whatever M is: row i of an M-row product equals, bit for bit, the same row
   computed alone and within any other row count (so a verification's logits are a greedy step's)."""
   rng = np.random.default_rng(0)
-  for k, n in ((256, 1024), (33, 77), (1024, 256)):
+  for k, n in ((256, 1024), (33, 77), (64, 130), (1024, 256)):
     x = rng.standard_normal((64, k)).astype(np.float32)
     w, w_nt = rng.standard_normal((k, n)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
@@ -221,6 +222,12 @@ def test_settings_and_their_errors():
   with pytest.raises(ValueError, match='resolve'):
     with matmul.use('auto'):
       pass
+  from bpd import checks  # pylint: disable=import-outside-toplevel
+  from configs import common  # pylint: disable=import-outside-toplevel
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  assert checks.check_fused_heads(common.defaults()) is True
+  with pytest.raises(UserError, match=r"fused_heads='yes'.*True"):
+    checks.check_fused_heads(ml_collections.ConfigDict({'decode': {'fused_heads': 'yes'}}))
 
 
 def _python(code, **env):
@@ -336,6 +343,61 @@ def test_decoder_on_the_kernel_decodes_exactly(tiny_model):
   assert xla.matmul_kernel == 'xla' and xla._packed(params) is None  # pylint: disable=protected-access
 
 
+def test_fused_sequential_heads_are_the_heads_one_product_at_a_time():
+  """decode.fused_heads: sequential heads 2..k' in one library call compute what the one-product-at-a-time path
+  computes: each head fed the previous head's choice, the same packed products (float32, float16, int8; whole
+  vocabulary and a draft vocabulary), a layer norm that may round a last bit differently. The weights are scaled
+  up so that every head's best logit leads its runner-up by far more than that rounding: then every choice, and
+  so every later head's input, must be the same. A malformed call is an error, not a silent read."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  c = model_lib.model_config('tiny', vocab_size=97, k=5, dropout_rate=0.0, head_type='sequential')
+  params = model_lib.init_params(c, jax.random.PRNGKey(11))
+  rng = np.random.default_rng(12)
+  # token_kernel starts at zero (layers.MultiOutput): drawn here, so that each head depends on the token before it;
+  # the embedding scaled so that the logits' gaps dwarf float32 rounding
+  params['multi_output']['token_kernel'] = jnp.asarray(rng.standard_normal((c.k - 1, c.d_model, c.d_model)) * 0.1,
+                                                       jnp.float32)
+  params['embed']['embedding'] = params['embed']['embedding'] * 30
+  hidden = {'hidden_BxTxD': jnp.asarray(rng.standard_normal((3, c.d_model)) * 3, jnp.float32),
+            'first_BxT': jnp.asarray([5, 96, 40], jnp.int32)}
+  for draft in ((), tuple(range(2, 97, 2))):
+    model = model_lib.Transformer(dataclasses.replace(c, draft_ids=draft))
+    for weights in ('float32', 'float16', 'int8'):
+      packed = model_lib.packed_weights(params, head_weights=weights, draft_ids=draft)
+
+      @functools.partial(jax.jit, static_argnames='fused')
+      def run(params, packed, fused, model=model):
+        with matmul.use('skinny', fused_heads=fused):
+          return model_lib.decode_fns(model, params, packed=packed).propose_choices(hidden)
+      fused_logits, fused_tokens = (np.asarray(a) for a in run(params, packed, True))
+      logits, tokens = (np.asarray(a) for a in run(params, packed, False))
+      assert 'bpd_sequential_heads' in run.lower(params, packed, True).as_text()
+      assert 'bpd_sequential_heads' not in run.lower(params, packed, False).as_text()
+      assert fused_tokens.shape == (3, c.k - 1) and fused_logits.shape == (3, c.k - 1, 97)
+      finite = np.isfinite(logits)
+      assert np.array_equal(np.isfinite(fused_logits), finite)
+      top2 = np.sort(np.where(finite, logits, -np.inf), axis=-1)[..., -2:]
+      assert (top2[..., 1] - top2[..., 0]).min() > 1e-2, 'pick another seed: a near-tie leaves the choice to rounding'
+      np.testing.assert_allclose(fused_logits[finite], logits[finite], rtol=1e-5, atol=1e-4, err_msg=weights)
+      np.testing.assert_array_equal(fused_tokens, tokens, err_msg=f'{weights}, draft {bool(draft)}')
+      np.testing.assert_array_equal(fused_tokens, np.argmax(fused_logits, axis=-1))
+      assert len(set(fused_tokens.ravel())) > 3, 'the heads chose almost one token: the test would show little'
+      if draft:
+        assert set(fused_tokens.ravel()) <= set(draft)
+
+  # A stack with fewer heads than asked for: the library refuses it.
+  small = model_lib.packed_weights(params, head_weights='float32')
+  with pytest.raises(Exception, match='bpd sequential heads'):
+    with matmul.use('skinny'):
+      out = matmul.sequential_heads(
+          hidden['hidden_BxTxD'], hidden['first_BxT'], params['embed']['embedding'], (),
+          small['multi_output']['token_kernel'], small['multi_output']['wi_kernel'],
+          params['multi_output']['wi_bias'], small['multi_output']['wo_kernel'], params['multi_output']['wo_bias'],
+          params['multi_output']['ln']['scale'], params['multi_output']['ln']['bias'],
+          small['heads_projection_97'], heads=c.k, embed_scale=1.0, epsilon=1e-6)
+      jax.block_until_ready(out)
+
+
 def test_narrow_heads_propose_as_float32_heads_and_decode_exactly():
   """decode.head_weights='float16' / 'int8': heads 2..k (sequential and independent) read their packed layer and
   projection (all V, or the draft vocabulary's R) in half precision, or as int8 with a scale per column. Their logits
@@ -359,18 +421,23 @@ def test_narrow_heads_propose_as_float32_heads_and_decode_exactly():
       model = model_lib.Transformer(dataclasses.replace(config, draft_ids=draft))
       hidden = inputs[config.head_type]
 
-      def propose(packed, kernel='skinny', model=model, p=p, hidden=hidden):
+      def propose(packed, kernel='skinny', fused=True, model=model, p=p, hidden=hidden):
         @jax.jit
         def run(params, packed):
-          with matmul.use(kernel):
+          with matmul.use(kernel, fused_heads=fused):
             return model_lib.decode_fns(model, params, packed=packed).propose(hidden)
         return np.asarray(run(p, packed)), run.lower(p, packed).as_text()
       pack = lambda weights, p=p, draft=draft: model_lib.packed_weights(p, head_weights=weights, draft_ids=draft)
       unpacked, _ = propose(None)
-      full, _ = propose(pack('float32'))
+      full, text = propose(pack('float32'))
       xla, _ = propose(None, kernel='xla')
       if config.head_type == 'sequential':
-        assert np.array_equal(full, unpacked)
+        # one product at a time, the packed float32 heads are the unpacked ones bit for bit; in one library call
+        # (decode.fused_heads, the default) the same products, and a layer norm of its own
+        one_at_a_time, _ = propose(pack('float32'), fused=False)
+        assert np.array_equal(one_at_a_time, unpacked)
+        assert 'bpd_sequential_heads' in text
+        np.testing.assert_allclose(full, unpacked, rtol=1e-5, atol=1e-5)
       else:  # unpacked, the independent heads' projection reads the [X, D] rows (lane sums: another order)
         np.testing.assert_allclose(full, unpacked, rtol=1e-5, atol=1e-5)
       finite = np.isfinite(xla)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
@@ -129,7 +130,8 @@ Pool& pool() {
 // Below this many weight bytes a product runs on one thread: the hand-off would cost more than it saves.
 constexpr int64_t kParallelBytes = 96 * 1024;
 
-void run(const MatmulArgs& a, RunUnits units) {
+void run(MatmulArgs a, RunUnits units) {
+  a.unit_tiles = unit_tiles_for(a);
   const int64_t total = num_units(a);
   const int64_t bytes = (a.w_shared ? 1 : a.batch) * a.k * a.n * (a.w_int8 ? 1 : a.w_half ? 2 : 4);
   if (bytes < kParallelBytes) {
@@ -287,11 +289,185 @@ ffi::Error TakeRows(ffi::AnyBuffer table, ffi::AnyBuffer ids, ffi::Result<ffi::A
   return ffi::Error::Success();
 }
 
+
+// One packed weight matrix of the fused heads: `pack`'s [tiles, parts, K, kPackCols] layout in float32, float16 or
+// int8 (with its per-column scale), at entry `index` of a stack of them when index >= 0.
+struct PackedOperand {
+  const char* w = nullptr;
+  const float* scale = nullptr;
+  bool half = false, int8 = false;
+};
+
+// Checks a packed operand against [(H,) tiles, kTile / kPackCols, K, kPackCols] and its scale against [(H,) N] (or
+// [0, N]: none, float32 and float16 only), and points at entry `index` (index < 0: no stack axis). Empty string: ok.
+std::string packed_operand(const ffi::AnyBuffer& w, const ffi::AnyBuffer& scale, int64_t stack, int64_t k, int64_t n,
+                           int64_t index, PackedOperand* out) {
+  const auto wd = w.dimensions(), sd = scale.dimensions();
+  const bool stacked = stack >= 0;
+  const size_t rank = stacked ? 5 : 4, lead = stacked ? 1 : 0;
+  out->half = w.element_type() == ffi::F16;
+  out->int8 = w.element_type() == ffi::S8;
+  if (!(out->half || out->int8 || w.element_type() == ffi::F32) || scale.element_type() != ffi::F32)
+    return "packed weights float32, float16 or int8, scales float32";
+  if (wd.size() != rank || (stacked && wd[0] != stack) || wd[lead] != num_tiles(n) ||
+      wd[lead + 1] != kTile / kPackCols || wd[lead + 2] != k || wd[lead + 3] != kPackCols)
+    return "a packed weight's shape does not match the layout for its [K, N]";
+  const bool scaled = sd.size() > 0 && sd[0] != 0;
+  if (scaled != out->int8 || (scaled && (sd.size() != lead + 1 || (stacked && sd[0] != stack) || sd[lead] != n)))
+    return "int8 weights need a float32 scale [(H,) N], and only int8 weights take one";
+  const int64_t entry = num_tiles(n) * kTile * k * (out->int8 ? 1 : out->half ? 2 : 4);
+  out->w = static_cast<const char*>(w.untyped_data()) + (stacked ? index * entry : 0);
+  out->scale = scaled ? reinterpret_cast<const float*>(scale.untyped_data()) + (stacked ? index * n : 0) : nullptr;
+  return "";
+}
+
+// y[M, N] = x[M, K] . W (+ bias[N]), W a packed operand: the product every other call of the kernel computes.
+void packed_product(const float* x, int64_t m, int64_t k, int64_t n, const PackedOperand& w, const float* bias,
+                    float* y, RunUnits units) {
+  MatmulArgs a;
+  a.x = x;
+  a.w = w.w;
+  a.bias = bias;
+  a.y = y;
+  a.batch = 1;
+  a.m = m;
+  a.k = k;
+  a.n = n;
+  a.w_shared = true;
+  a.transpose_w = false;
+  a.w_half = w.half;
+  a.w_int8 = w.int8;
+  a.w_scale = w.scale;
+  a.packed = true;
+  run(a, units);
+}
+
+// Sequential proposal heads 2..k' in one call (bpd/model.py, Transformer._propose_sequential; layers.MultiOutput):
+// for each head n in turn, on every row b,
+//   x = hidden[b] + (embedding[token] * embed_scale) . token_w[n]      token: head 1's, then head n + 1's choice
+//   v = layer_norm(relu(x . wi[n] + wi_bias[n]) . wo[n] + wo_bias[n] + x)
+//   logits[b, n] = v . projection;   tokens[b, n] = draft_ids[argmax] (or the argmax, without a draft vocabulary)
+// Why one call: each head is a chain of M = B products of a few hundred KB, each waiting on the one before, and
+// XLA's CPU backend ran every head as a dozen kernels with a dozen small fusions between them, which cost more
+// than the products. The products here are the kernel's own (the same sums, bit for bit); the layer norm is
+// flax's (fast variance: mean of x and of x², rsqrt) summed in index order, so it may round a last bit
+// differently from XLA's, which only heads 2..k ever read: proposals, never what verification accepts.
+ffi::Error SequentialHeads(ffi::AnyBuffer hidden, ffi::AnyBuffer first, ffi::AnyBuffer embedding,
+                           ffi::AnyBuffer draft_ids, ffi::AnyBuffer token_w, ffi::AnyBuffer token_scale,
+                           ffi::AnyBuffer wi, ffi::AnyBuffer wi_scale, ffi::AnyBuffer wi_bias, ffi::AnyBuffer wo,
+                           ffi::AnyBuffer wo_scale, ffi::AnyBuffer wo_bias, ffi::AnyBuffer ln_scale,
+                           ffi::AnyBuffer ln_bias, ffi::AnyBuffer projection, ffi::AnyBuffer projection_scale,
+                           ffi::Result<ffi::AnyBuffer> logits, ffi::Result<ffi::AnyBuffer> tokens, float embed_scale,
+                           float epsilon) {
+  static const RunUnits units = pick_isa();
+  const auto fail = [](const std::string& what) {
+    return ffi::Error::InvalidArgument("bpd sequential heads: " + what);
+  };
+  if (units == nullptr) return fail("this CPU has neither AVX-512 nor AVX2+FMA");
+  const auto hd = hidden.dimensions(), ed = embedding.dimensions(), wib = wi_bias.dimensions();
+  const auto ld = logits->dimensions(), td = tokens->dimensions(), dd = draft_ids.dimensions();
+  if (hd.size() != 2 || ed.size() != 2 || wib.size() != 2 || ld.size() != 3 || td.size() != 2 || dd.size() != 1 ||
+      first.dimensions().size() != 1)
+    return fail("operand ranks do not match hidden [B, D], first [B], embedding [V, D], draft_ids [R], "
+                "wi_bias [H, F], logits [B, heads, X], tokens [B, heads]");
+  const int64_t b = hd[0], d = hd[1], v = ed[0], f = wib[1], stack = wib[0], heads = ld[1], x_cols = ld[2];
+  const int64_t r = dd[0];
+  if (hidden.element_type() != ffi::F32 || embedding.element_type() != ffi::F32 || first.element_type() != ffi::S32 ||
+      draft_ids.element_type() != ffi::S32 || wi_bias.element_type() != ffi::F32 ||
+      wo_bias.element_type() != ffi::F32 || ln_scale.element_type() != ffi::F32 ||
+      ln_bias.element_type() != ffi::F32 || logits->element_type() != ffi::F32 || tokens->element_type() != ffi::S32)
+    return fail("hidden, embedding, biases, layer norm and logits are float32; first, draft_ids and tokens int32");
+  if (ed[1] != d || first.dimensions()[0] != b || ld[0] != b || td[0] != b || td[1] != heads || heads > stack ||
+      (r != 0 && r != x_cols) || (r == 0 && x_cols != v) || wo_bias.dimensions().size() != 2 ||
+      wo_bias.dimensions()[0] != stack || wo_bias.dimensions()[1] != d || ln_scale.dimensions().size() != 1 ||
+      ln_scale.dimensions()[0] != d || ln_bias.dimensions().size() != 1 || ln_bias.dimensions()[0] != d)
+    return fail("shapes do not agree (B rows, D features, H >= heads stacked heads, X = R draft ids or V)");
+  if (b == 0 || heads == 0) return ffi::Error::Success();
+  const float* hidden_data = reinterpret_cast<const float*>(hidden.untyped_data());
+  const float* table = reinterpret_cast<const float*>(embedding.untyped_data());
+  const int32_t* first_data = reinterpret_cast<const int32_t*>(first.untyped_data());
+  const int32_t* ids = reinterpret_cast<const int32_t*>(draft_ids.untyped_data());
+  const float* bi = reinterpret_cast<const float*>(wi_bias.untyped_data());
+  const float* bo = reinterpret_cast<const float*>(wo_bias.untyped_data());
+  const float* gamma = reinterpret_cast<const float*>(ln_scale.untyped_data());
+  const float* beta = reinterpret_cast<const float*>(ln_bias.untyped_data());
+  float* logits_out = reinterpret_cast<float*>(logits->untyped_data());
+  int32_t* tokens_out = reinterpret_cast<int32_t*>(tokens->untyped_data());
+  PackedOperand proj;
+  std::string error = packed_operand(projection, projection_scale, -1, d, x_cols, -1, &proj);
+  if (!error.empty()) return fail("projection: " + error);
+
+  std::vector<int32_t> token(first_data, first_data + b);
+  std::vector<float> e(b * d), x(b * d), h(b * f), o(b * d), y(b * x_cols);
+  for (int64_t n = 0; n < heads; ++n) {
+    PackedOperand tw, w1, w2;
+    error = packed_operand(token_w, token_scale, stack, d, d, n, &tw);
+    if (error.empty()) error = packed_operand(wi, wi_scale, stack, d, f, n, &w1);
+    if (error.empty()) error = packed_operand(wo, wo_scale, stack, f, d, n, &w2);
+    if (!error.empty()) return fail("token_w, wi or wo: " + error);
+    for (int64_t row = 0; row < b; ++row) {  // the token's embedding, as take_rows reads it (NaN off the table)
+      const int64_t id = token[row] < 0 ? token[row] + v : token[row];
+      for (int64_t i = 0; i < d; ++i)
+        e[row * d + i] = (0 <= id && id < v) ? table[id * d + i] * embed_scale : std::numeric_limits<float>::quiet_NaN();
+    }
+    packed_product(e.data(), b, d, d, tw, nullptr, x.data(), units);
+    for (int64_t i = 0; i < b * d; ++i) x[i] = hidden_data[i] + x[i];
+    packed_product(x.data(), b, d, f, w1, bi + n * f, h.data(), units);
+    for (float& value : h) value = value != value ? value : value > 0.0f ? value : 0.0f;  // relu, NaN kept
+    packed_product(h.data(), b, f, d, w2, bo + n * d, o.data(), units);
+    for (int64_t row = 0; row < b; ++row) {  // o + x, then flax's layer norm
+      float* out = o.data() + row * d;
+      const float* in = x.data() + row * d;
+      float sum = 0.0f, sum_sq = 0.0f;
+      for (int64_t i = 0; i < d; ++i) {
+        out[i] += in[i];
+        sum += out[i];
+        sum_sq += out[i] * out[i];
+      }
+      const float mean = sum / static_cast<float>(d), mean_sq = sum_sq / static_cast<float>(d);
+      const float inv = 1.0f / std::sqrt(std::max(0.0f, mean_sq - mean * mean) + epsilon);
+      for (int64_t i = 0; i < d; ++i) out[i] = (out[i] - mean) * (inv * gamma[i]) + beta[i];
+    }
+    packed_product(o.data(), b, d, x_cols, proj, nullptr, y.data(), units);
+    for (int64_t row = 0; row < b; ++row) {
+      const float* row_logits = y.data() + row * x_cols;
+      std::copy(row_logits, row_logits + x_cols, logits_out + (row * heads + n) * x_cols);
+      const int64_t choice = argmax_row(row_logits, x_cols);
+      token[row] = r != 0 ? ids[choice] : static_cast<int32_t>(choice);
+      tokens_out[row * heads + n] = token[row];
+    }
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace bpd
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdTakeRows, bpd::TakeRows,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdSequentialHeads, bpd::SequentialHeads,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // hidden
+                                  .Arg<ffi::AnyBuffer>()  // first
+                                  .Arg<ffi::AnyBuffer>()  // embedding
+                                  .Arg<ffi::AnyBuffer>()  // draft_ids
+                                  .Arg<ffi::AnyBuffer>()  // token_w
+                                  .Arg<ffi::AnyBuffer>()  // token_scale
+                                  .Arg<ffi::AnyBuffer>()  // wi
+                                  .Arg<ffi::AnyBuffer>()  // wi_scale
+                                  .Arg<ffi::AnyBuffer>()  // wi_bias
+                                  .Arg<ffi::AnyBuffer>()  // wo
+                                  .Arg<ffi::AnyBuffer>()  // wo_scale
+                                  .Arg<ffi::AnyBuffer>()  // wo_bias
+                                  .Arg<ffi::AnyBuffer>()  // ln_scale
+                                  .Arg<ffi::AnyBuffer>()  // ln_bias
+                                  .Arg<ffi::AnyBuffer>()  // projection
+                                  .Arg<ffi::AnyBuffer>()  // projection_scale
+                                  .Ret<ffi::AnyBuffer>()  // logits
+                                  .Ret<ffi::AnyBuffer>()  // tokens
+                                  .Attr<float>("embed_scale")
+                                  .Attr<float>("epsilon"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BpdArgmax, bpd::Argmax,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());

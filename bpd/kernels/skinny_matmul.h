@@ -31,15 +31,21 @@ struct MatmulArgs {
   const float* w_scale;
   bool packed;        // W stored column tile by column tile, each [k, kTile] contiguous, zeros past n (pack_nn):
                       // the kernel then reads W front to back, which DRAM and the prefetchers stream at full rate
+  int64_t unit_tiles = 1;  // column tiles per unit of work: 2 for one row (unit_tiles_for), else 1
 };
 
-// Output columns are cut into tiles of kTile; a unit of work is one (batch entry, column tile).
+// Output columns are cut into tiles of kTile; a unit of work is one (batch entry, unit_tiles column tiles).
 constexpr int64_t kTile = 64;
 // A packed tile is kTile / kPackCols parts, each [k, kPackCols] contiguous: [w_batch, tiles, parts, k, kPackCols].
 constexpr int64_t kPackCols = 32;
 inline int64_t num_tiles(int64_t n) { return (n + kTile - 1) / kTile; }
 
-inline int64_t num_units(const MatmulArgs& a) { return a.batch * num_tiles(a.n); }
+// One row takes two tiles per unit: a row's block then holds 128 columns, 8 AVX-512 accumulators whose chains over k
+// keep both FMA pipes busy (4 accumulators left each pipe waiting on the FMA latency, and every greedy step and
+// proposal head is one-row products). Each output is still one accumulator over k in order.
+inline int64_t unit_tiles_for(const MatmulArgs& a) { return a.m == 1 && !a.transpose_w ? 2 : 1; }
+inline int64_t units_per_entry(const MatmulArgs& a) { return (num_tiles(a.n) + a.unit_tiles - 1) / a.unit_tiles; }
+inline int64_t num_units(const MatmulArgs& a) { return a.batch * units_per_entry(a); }
 
 // Compute units [begin, end): every row of those column tiles.
 void run_units_avx512(const MatmulArgs& a, int64_t begin, int64_t end);

@@ -22,12 +22,12 @@ namespace {
 constexpr int kWideMr = 6, kWideNv = Isa::kW == 16 ? 4 : 2;
 constexpr int kTallMr = 12, kTallNv = Isa::kW == 16 ? 2 : 1;
 constexpr bool kOnlyWide = Isa::kW == 8;
-// One or two rows take wider blocks, up to a whole tile: a wide block's two accumulators per row would leave a
+// One or two rows take wider blocks, up to a whole tile (one row: up to two tiles, see unit_tiles_for): a wide block's two accumulators per row would leave a
 // one-row product waiting on the FMA latency (each accumulator's chain over k is serial), and one row is a greedy
 // step's every product. Each output is still one accumulator summed over k in order, so no sum depends on M.
 template <int MR>
 constexpr int max_nv() {
-  return MR == 1 ? static_cast<int>(kTile) / Isa::kW
+  return MR == 1 ? std::min(8, 2 * static_cast<int>(kTile) / Isa::kW)
                  : MR == 2 ? std::max(kWideNv, static_cast<int>(kTile) / Isa::kW / 2) : kWideNv;
 }
 // With AVX2, 3 to 8 rows go two at a time over 32-column strips (a packed part, read front to back) rather than in
@@ -209,7 +209,7 @@ void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* sca
       const bool masked = last != Isa::kW;
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t m0 = M * blk / blocks, m1 = M * (blk + 1) / blocks;
-        const WT* starts[kTile / Isa::kW];
+        const WT* starts[2 * kTile / Isa::kW];
         for (int j = 0; j < nv; ++j) starts[j] = column(s0 + j * Isa::kW);
         nn_fn<WT>(static_cast<int>(m1 - m0), nv, masked)(x + m0 * K, K, starts, ldw,
                                                      scale == nullptr ? nullptr : scale + n0 + s0,
@@ -232,15 +232,15 @@ void run_tile(const MatmulArgs& a, const float* x, const WT* w, const float* sca
 }  // namespace
 
 void BPD_RUN_UNITS(const MatmulArgs& a, int64_t begin, int64_t end) {
-  const int64_t tiles = num_tiles(a.n);
+  const int64_t tiles = num_tiles(a.n), per_entry = units_per_entry(a), unit_cols = a.unit_tiles * kTile;
   const int64_t w_stride = a.packed ? tiles * a.k * kTile : a.k * a.n;  // floats per batch entry of W
   for (int64_t u = begin; u < end; ++u) {
-    const int64_t b = u / tiles, n0 = (u % tiles) * kTile;
+    const int64_t b = u / per_entry, n0 = (u % per_entry) * unit_cols;
     const int64_t wb = a.w_shared ? 0 : b;
     const float* bias = a.bias == nullptr ? nullptr : a.bias + wb * a.n;
     const float* x = a.x + b * a.m * a.k;
     float* y = a.y + b * a.m * a.n;
-    const int64_t nw = std::min(kTile, a.n - n0);
+    const int64_t nw = std::min(unit_cols, a.n - n0);
     if (a.w_int8)
       run_tile(a, x, static_cast<const int8_t*>(a.w) + wb * w_stride, a.w_scale + wb * a.n, bias, y, n0, nw);
     else if (a.w_half)
