@@ -273,8 +273,10 @@ class Transformer(nn.Module):
     return heads
 
   def token_embedding(self, tokens_Bx___):
-    """The shared embedding of tokens fed to sequential heads, at the decoder input's scale, no position: [..., D]."""
-    return self.embed(tokens_Bx___) * jnp.sqrt(float(self.config.d_model))
+    """The shared embedding of tokens fed to sequential heads, at the decoder input's scale, no position: [..., D].
+    A skinny-kernel decoder takes the rows with the library's gather, as `_embed` does (the same values)."""
+    rows = None if self.is_initializing() else matmul.take_rows(self.embed.embedding, tokens_Bx___)
+    return (self.embed(tokens_Bx___) if rows is None else rows) * jnp.sqrt(float(self.config.d_model))
 
   def _sequential(self):
     return self.config.k > 1 and self.config.head_type == 'sequential'
