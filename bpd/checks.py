@@ -135,7 +135,7 @@ def check_matmul_kernel(config) -> str:
 
 def check_head_weights(config) -> str:
   """config.decode.head_weights, checked: the dtype in which a skinny-kernel decoder reads heads 2..k."""
-  head_weights = config.decode.get('head_weights', 'float16')
+  head_weights = config.decode.get('head_weights', 'int8')
   if head_weights not in model_lib.HEAD_WEIGHTS:
     raise UserError(f'config.decode.head_weights={head_weights!r}: choose one of {tuple(model_lib.HEAD_WEIGHTS)} '
                     '(float16: heads 2..k read half-precision weights on the skinny kernel; head 1 verifies in '

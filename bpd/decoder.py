@@ -85,7 +85,7 @@ class Decoder:
   """
 
   def __init__(self, model: model_lib.Transformer, max_len: int, mesh=None, eos_id: int = tokenizer_lib.EOS_ID,
-               matmul_kernel: str = 'auto', head_weights: str = 'float16', fused_heads: bool = True):
+               matmul_kernel: str = 'auto', head_weights: str = 'int8', fused_heads: bool = True):
     # eos_id=-1 (images) never matches a token: decoding always runs for max_len tokens.
     self.model, self.max_len, self.mesh, self.eos_id = model, max_len, mesh, eos_id
     # 'xla' or 'skinny' (bpd/matmul.py): every program of this decoder is traced with it, so each jitted method
@@ -94,7 +94,8 @@ class Decoder:
     # fused_heads (config.decode.fused_heads; skinny only): sequential heads 2..k' in one library call per iteration.
     traced = functools.partial(matmul.traced, kernel=self.matmul_kernel, fused_heads=fused_heads)
     if head_weights not in model_lib.HEAD_WEIGHTS:
-      raise UserError(f'head_weights={head_weights!r}: choose float32 or float16 (config.decode.head_weights).')
+      raise UserError(f'head_weights={head_weights!r}: choose one of {tuple(model_lib.HEAD_WEIGHTS)} '
+                      '(config.decode.head_weights).')
     out = None if mesh is None else sharding.replicated(mesh)
     self._greedy_jit = jax.jit(traced(self._greedy), out_shardings=out)
     # The rule is an argument (a pytree: a Criterion has no leaves, Sampling's temperature is traced); its static

@@ -220,11 +220,11 @@ def defaults() -> ml_collections.ConfigDict:
   # The weight matmuls of decoding (bpd/matmul.py): 'auto' (bpd's skinny kernel on CPU where it builds, else XLA) |
   # 'xla' | 'skinny' (CPU, one device; an error where it cannot be built). Parameters are the same either way.
   c.decode.matmul_kernel = 'auto'
-  # The weights of proposal heads 2..k and their projection as the skinny kernel reads them: 'float16' (half the
-  # bytes, products and sums in float32) | 'int8' (a quarter, a float32 scale per column) | 'float32'. Head 1, which
-  # verifies, stays float32 either way, so exact decoding stays greedy's; only proposals can differ.
+  # The weights of proposal heads 2..k and their projection as the skinny kernel reads them: 'int8' (a quarter of
+  # the bytes, a float32 scale per column, products and sums in float32) | 'float16' (half) | 'float32'. Head 1,
+  # which verifies, stays float32 either way, so exact decoding stays greedy's; only proposals can differ.
   # XLA's matmuls read the float32 parameters whatever this says. Not in the paper.
-  c.decode.head_weights = 'float16'
+  c.decode.head_weights = 'int8'
   # Sequential heads 2..k' on the skinny kernel: True runs them in one library call per iteration (the same
   # products; its layer norm may round a last bit differently from XLA's, proposals only) | False: one kernel
   # call per product, with XLA's fusions between them.
