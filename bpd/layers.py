@@ -214,11 +214,13 @@ def write_rows(cache: jax.Array, new: jax.Array, start_B: jax.Array, axis: int =
   positions); `new` has the shape of `cache` with T at `axis`.
 
   A scalar start (every row at the same position, as in greedy decoding) is one dynamic_update_slice of the
-  whole batch; per-row starts are a vmapped one, which XLA lowers to a scatter.
+  whole batch, and so is one row's start (batch 1: a blockwise call's rows at batch 1, written in place); per-row
+  starts of several rows are a vmapped one, which XLA lowers to a scatter (on CPU, a pass over the whole cache).
   The caller guarantees start[b] + T <= L (dynamic_update_slice would otherwise clamp the start).
   """
-  if jnp.ndim(start_B) == 0:
-    return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), start_B, axis)
+  if jnp.ndim(start_B) == 0 or (cache.shape[0] == 1 and jnp.shape(start_B) == (1,)):
+    start = start_B if jnp.ndim(start_B) == 0 else start_B[0]
+    return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), start, axis)
 
   def one_row(cache_row, new_row, start):
     return jax.lax.dynamic_update_slice_in_dim(cache_row, new_row.astype(cache_row.dtype), start, axis - 1)

@@ -499,7 +499,9 @@ class Transformer(nn.Module):
     head 1's argmax (hidden['first_BxT'], from score), head n + 2 the argmax of head n + 1. [B, k'-1, V].
 
     k' - 1 small steps in sequence (a Python loop, unrolled at trace time: k' is static), each a [B, d] x [d, d_ff]
-    head and a [B, d] x [d, V] projection; the independent heads do the same work as one batched step. All of
+    head and a [B, d] x [d, V] projection; the independent heads do the same work as one batched step. A
+    skinny-kernel decoder runs the k' - 1 steps in one library call instead (decode.fused_heads;
+    MultiOutput.fused_chain), where no output prior is added: the same products, one kernel launch. All of
     it runs inside the one model invocation of the iteration, after verification (paper §4's combined step).
     The proposals are argmaxes, as the decode loop's (ties to the lower id). split: the per-head weights and the
     transposed embedding, cut outside the decoding loop (`split_sequential_heads`; decode_fns passes them).

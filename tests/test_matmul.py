@@ -15,6 +15,7 @@ import pytest
 
 from bpd import decoder as decoder_lib
 from bpd import decoding
+from bpd import layers
 from bpd import matmul
 from bpd import model as model_lib
 from bpd import trees
@@ -251,6 +252,7 @@ def test_avx2_path_matches_numpy_and_is_independent_of_m():
   """The narrower instruction set (chosen at run time on CPUs without AVX-512), forced here."""
   code = '''
 import numpy as np, jax
+from bpd import layers
 from bpd import matmul
 from tests.test_matmul import _int8
 assert matmul.kernel_info().startswith('avx2'), matmul.kernel_info()
@@ -325,6 +327,25 @@ def test_greedy_loop_writes_its_cache_in_place(tiny_model):
   cache = decoder_lib.cache_len(12)
   copies = [line for line in _while_body(hlo).splitlines() if ' copy(' in line and f',{cache}' in line.split('=')[1]]
   assert not copies, copies
+
+
+def test_one_rows_cache_write_is_a_dynamic_update_slice():
+  """layers.write_rows at batch 1 with a per-row start (a blockwise call's k rows) is one dynamic_update_slice, as
+  greedy's scalar start is, not the scatter that several rows' starts lower to; the values are the per-row write's."""
+  rng = np.random.default_rng(3)
+  cache = jnp.asarray(rng.standard_normal((1, 4, 8, 13)), jnp.float32)  # [B, H, K, L], positions last
+  new = jnp.asarray(rng.standard_normal((1, 4, 8, 3)), jnp.float32)
+  write = jax.jit(lambda c, n, s: layers.write_rows(c, n, s, axis=3))
+  text = write.lower(cache, new, jnp.asarray([5], jnp.int32)).as_text()
+  assert 'dynamic_update_slice' in text and 'scatter' not in text
+  for start in (0, 5, 10):
+    expected = np.asarray(cache).copy()
+    expected[0, :, :, start:start + 3] = np.asarray(new)[0]
+    np.testing.assert_array_equal(np.asarray(write(cache, new, jnp.asarray([start], jnp.int32))), expected)
+  two = jnp.concatenate([cache, -cache]), jnp.concatenate([new, -new])  # two rows, two starts: still per row
+  out = np.asarray(write(*two, jnp.asarray([2, 7], jnp.int32)))
+  np.testing.assert_array_equal(out[1, :, :, 7:10], -np.asarray(new)[0])
+  np.testing.assert_array_equal(out[0, :, :, 2:5], np.asarray(new)[0])
 
 
 def test_decoder_on_the_kernel_decodes_exactly(tiny_model):
