@@ -138,8 +138,8 @@ def check_head_weights(config) -> str:
   head_weights = config.decode.get('head_weights', 'int8')
   if head_weights not in model_lib.HEAD_WEIGHTS:
     raise UserError(f'config.decode.head_weights={head_weights!r}: choose one of {tuple(model_lib.HEAD_WEIGHTS)} '
-                    '(float16: heads 2..k read half-precision weights on the skinny kernel; head 1 verifies in '
-                    'float32).')
+                    '(int8, the default, or float16: heads 2..k read narrow weights on the skinny kernel; head 1 '
+                    'verifies in float32).')
   return head_weights
 
 

@@ -23,8 +23,8 @@ import functools
 import math
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 
 from bpd.errors import UserError
@@ -275,10 +275,11 @@ def sequential_heads(hidden_BxD, first_B, embedding_VxD, draft_ids, token, wi, w
                      ln_scale_D, ln_bias_D, projection, heads: int, embed_scale: float, epsilon: float):
   """Sequential proposal heads 2..heads + 1 in one library call, inside use('skinny'): (logits [B, heads, X] float32,
   tokens [B, heads] int32), X = len(draft_ids) (their ids ascending) or V; None elsewhere, or under
-  use(..., fused_heads=False) (the caller runs them one product at a time). Head n + 2 is fed head n + 1's choice, head 2 first_B (bpd/model.py,
-  Transformer._propose_sequential, computes the same with the same products; only the layer norm may round a
-  last bit differently, and heads 2..k only propose). token, wi, wo: `pack`s of the multi-output layer's [H, K, N]
-  stacks (H >= heads); projection: `pack` of the [D, X] projection; an int8 pack is its (weights, scale) pair."""
+  use(..., fused_heads=False) (the caller runs them one product at a time). Head n + 2 is fed head n + 1's choice,
+  head 2 first_B (bpd/model.py, Transformer._propose_sequential, computes the same with the same products; only the
+  layer norm may round a last bit differently, and heads 2..k only propose). token, wi, wo: `pack`s of the
+  multi-output layer's [H, K, N] stacks (H >= heads); projection: `pack` of the [D, X] projection; an int8 pack is
+  its (weights, scale) pair."""
   if (_active.get() != 'skinny' or not _fused_heads.get() or hidden_BxD.dtype != jnp.float32
       or embedding_VxD.dtype != jnp.float32):
     return None

@@ -127,13 +127,16 @@ Pool& pool() {
   return *p;
 }
 
+// Bytes per weight: int8, float16 or float32.
+int64_t weight_bytes(bool int8, bool half) { return int8 ? 1 : half ? 2 : 4; }
+
 // Below this many weight bytes a product runs on one thread: the hand-off would cost more than it saves.
 constexpr int64_t kParallelBytes = 96 * 1024;
 
 void run(MatmulArgs a, RunUnits units) {
   a.unit_tiles = unit_tiles_for(a);
   const int64_t total = num_units(a);
-  const int64_t bytes = (a.w_shared ? 1 : a.batch) * a.k * a.n * (a.w_int8 ? 1 : a.w_half ? 2 : 4);
+  const int64_t bytes = (a.w_shared ? 1 : a.batch) * a.k * a.n * weight_bytes(a.w_int8, a.w_half);
   if (bytes < kParallelBytes) {
     units(a, 0, total);
     return;
@@ -174,7 +177,7 @@ ffi::Error SkinnyMatmul(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
     if (w_index >= wd[0]) return ffi::Error::InvalidArgument("bpd skinny matmul: w_index out of range");
     int64_t entry = 1;
     for (size_t i = 1; i < wd.size(); ++i) entry *= wd[i];
-    w_data += w_index * entry * (w_int8 ? 1 : w_half ? 2 : 4);
+    w_data += w_index * entry * weight_bytes(w_int8, w_half);
     wd.erase(wd.begin());
   }
   // int8 weights come with one scale per column of each weight matrix, the same leading axes as w: [(H,) Bw, N].
@@ -268,6 +271,14 @@ ffi::Error Argmax(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y) {
   return ffi::Error::Success();
 }
 
+// out[0, d) = table[id] of table [v, d], as jnp.take(table, id, axis=0): a negative id counts from the end, and an
+// id still outside [0, v) gives a row of NaN.
+void take_row(const float* table, int64_t v, int64_t d, int64_t id, float* out) {
+  const int64_t i = id < 0 ? id + v : id;
+  if (0 <= i && i < v) std::copy(table + i * d, table + (i + 1) * d, out);
+  else std::fill(out, out + d, std::numeric_limits<float>::quiet_NaN());
+}
+
 // Rows of a table: y[i] = table[ids[i]] for table [V, D] float32, ids [R] int32, y [R, D]; as jnp.take(table, ids,
 // axis=0): a negative id counts from the end, and an id still outside [0, V) gives a row of NaN. XLA's CPU backend
 // fuses such a gather of a few decoding rows with what follows it and splits the fusion over threads (its cost
@@ -281,14 +292,9 @@ ffi::Error TakeRows(ffi::AnyBuffer table, ffi::AnyBuffer ids, ffi::Result<ffi::A
   const int32_t* index = reinterpret_cast<const int32_t*>(ids.untyped_data());
   float* out = reinterpret_cast<float*>(y->untyped_data());
   const int64_t v = td[0], d = td[1];
-  for (int64_t r = 0; r < id[0]; ++r) {
-    const int64_t i = index[r] < 0 ? index[r] + v : index[r];
-    if (0 <= i && i < v) std::copy(data + i * d, data + (i + 1) * d, out + r * d);
-    else std::fill(out + r * d, out + (r + 1) * d, std::numeric_limits<float>::quiet_NaN());
-  }
+  for (int64_t r = 0; r < id[0]; ++r) take_row(data, v, d, index[r], out + r * d);
   return ffi::Error::Success();
 }
-
 
 // One packed weight matrix of the fused heads: `pack`'s [tiles, parts, K, kPackCols] layout in float32, float16 or
 // int8 (with its per-column scale), at entry `index` of a stack of them when index >= 0.
@@ -315,7 +321,7 @@ std::string packed_operand(const ffi::AnyBuffer& w, const ffi::AnyBuffer& scale,
   const bool scaled = sd.size() > 0 && sd[0] != 0;
   if (scaled != out->int8 || (scaled && (sd.size() != lead + 1 || (stacked && sd[0] != stack) || sd[lead] != n)))
     return "int8 weights need a float32 scale [(H,) N], and only int8 weights take one";
-  const int64_t entry = num_tiles(n) * kTile * k * (out->int8 ? 1 : out->half ? 2 : 4);
+  const int64_t entry = num_tiles(n) * kTile * k * weight_bytes(out->int8, out->half);
   out->w = static_cast<const char*>(w.untyped_data()) + (stacked ? index * entry : 0);
   out->scale = scaled ? reinterpret_cast<const float*>(scale.untyped_data()) + (stacked ? index * n : 0) : nullptr;
   return "";
@@ -405,10 +411,9 @@ ffi::Error SequentialHeads(ffi::AnyBuffer hidden, ffi::AnyBuffer first, ffi::Any
     if (error.empty()) error = packed_operand(wi, wi_scale, stack, d, f, n, &w1);
     if (error.empty()) error = packed_operand(wo, wo_scale, stack, f, d, n, &w2);
     if (!error.empty()) return fail("token_w, wi or wo: " + error);
-    for (int64_t row = 0; row < b; ++row) {  // the token's embedding, as take_rows reads it (NaN off the table)
-      const int64_t id = token[row] < 0 ? token[row] + v : token[row];
-      for (int64_t i = 0; i < d; ++i)
-        e[row * d + i] = (0 <= id && id < v) ? table[id * d + i] * embed_scale : std::numeric_limits<float>::quiet_NaN();
+    for (int64_t row = 0; row < b; ++row) {  // the token's embedding (as take_rows reads it), at the input's scale
+      take_row(table, v, d, token[row], e.data() + row * d);
+      for (int64_t i = row * d; i < (row + 1) * d; ++i) e[i] *= embed_scale;
     }
     packed_product(e.data(), b, d, d, tw, nullptr, x.data(), units);
     for (int64_t i = 0; i < b * d; ++i) x[i] = hidden_data[i] + x[i];

@@ -22,9 +22,10 @@ namespace {
 constexpr int kWideMr = 6, kWideNv = Isa::kW == 16 ? 4 : 2;
 constexpr int kTallMr = 12, kTallNv = Isa::kW == 16 ? 2 : 1;
 constexpr bool kOnlyWide = Isa::kW == 8;
-// One or two rows take wider blocks, up to a whole tile (one row: up to two tiles, see unit_tiles_for): a wide block's two accumulators per row would leave a
-// one-row product waiting on the FMA latency (each accumulator's chain over k is serial), and one row is a greedy
-// step's every product. Each output is still one accumulator summed over k in order, so no sum depends on M.
+// One or two rows take wider blocks, up to a whole tile (one row: up to two tiles, see unit_tiles_for): a wide
+// block's two accumulators per row would leave a one-row product waiting on the FMA latency (each accumulator's
+// chain over k is serial), and one row is a greedy step's every product. Each output is still one accumulator
+// summed over k in order, so no sum depends on M.
 template <int MR>
 constexpr int max_nv() {
   return MR == 1 ? std::min(8, 2 * static_cast<int>(kTile) / Isa::kW)
